@@ -1,0 +1,61 @@
+"""Timing helpers shared by the benchmarks: CUDA events, warm-up, median of many, JSON output."""
+import json
+import statistics
+import time
+
+import torch
+
+L2_DEFEAT_BYTES = 256 << 20  # rotate inputs over at least this much memory so no run hits in L2
+
+
+def fmt_size(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n} B"
+
+
+def cuda_time_ms(fn, inputs, *, warmup=3, reps=20, device=None):
+    """Median milliseconds of fn(x) per call, cycling through `inputs`; each rep times one pass
+    over all inputs between two CUDA events on the current stream of `device`."""
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            for x in inputs:
+                fn(x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for x in inputs:
+                fn(x)
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / len(inputs))
+        return statistics.median(times)
+
+
+def cpu_time_ms(fn, x, *, warmup=1, reps=5):
+    for _ in range(warmup):
+        fn(x)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def print_table(title, columns, rows):
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(str(c)) for i, c in enumerate(columns)]
+    print(title)
+    print("  ".join(str(c).rjust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(str(v).rjust(w) for v, w in zip(r, widths)))
+    print()
+
+
+def write_json(path, payload):
+    if path:
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=2)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a GPU machine: build pyxfer from source, run every test (GPU ones included), the doctor and the
+# benchmarks, and print a short summary table last. Results (logs, JSON) go to $OUT (default ./gpu-check-out).
+#   bash benchmarks/gpu_check.sh            # everything
+#   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+# keep NVLink multicast off wherever these run (shared hosts)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr/local/cuda; fi
+
+step() { echo; echo "=== $1"; }
+status=0
+
+step "build (PYXFER_CUDA_ARCHS=${PYXFER_CUDA_ARCHS:-default})"
+start=$(date +%s)
+if ! PYXFER_WITH_CUDA=1 $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+fi
+echo "built in $(( $(date +%s) - start )) s"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+
+step "doctor"
+$PY -m pyxfer doctor | tee "$OUT/doctor.txt" || status=1
+$PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
+
+step "tests"
+$PY -m pytest -q -rs -p no:cacheprovider ${PYXFER_TESTS:-tests} --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "benchmarks"
+for b in ${PYXFER_BENCHMARKS:-checksum}; do
+  $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.txt" || status=1
+done
+
+step "summary"
+$PY benchmarks/summary.py "$OUT" || status=1
+exit $status

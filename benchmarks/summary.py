@@ -1,0 +1,33 @@
+"""Short summary of a gpu_check.sh run (reads the JSON and JUnit files it wrote)."""
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows = []
+if (out / "tests.xml").exists():
+    suite = ET.parse(out / "tests.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    rows.append(("tests", f"{n - f - e - s} passed, {f + e} failed, {s} skipped"))
+if (out / "doctor.json").exists():
+    try:
+        d = json.loads((out / "doctor.json").read_text())
+        bad = [c["check"] for c in d["checks"] if c["status"] == "FAIL"]
+        rows.append(("doctor", "ok" if not bad else "FAIL: " + ", ".join(bad)))
+    except json.JSONDecodeError:
+        rows.append(("doctor", "no JSON"))
+b = out / "bench_checksum.json"
+if b.exists():
+    r = json.loads(b.read_text())
+    for row in r.get("gpu_rows", []):
+        if row["bytes"] >= 1 << 30:
+            rows.append((f"checksum {row['bytes'] >> 30} GiB", f"{row['pyxfer_gbps']:.0f} GB/s = "
+                         f"{row['pyxfer_gbps'] / row['baseline_gbps']:.1%} of int64.sum ({row['baseline_gbps']:.0f} GB/s); target >= 90%"))
+    for row in r.get("cpu_rows", []):
+        rows.append((f"checksum cpu {row['bytes'] >> 20} MiB", f"{row['pyxfer_gbps']:.1f} GB/s ({r['threads']} threads)"))
+width = max(len(k) for k, _ in rows) if rows else 0
+print("SUMMARY")
+for k, v in rows:
+    print(f"  {k.ljust(width)}  {v}")

@@ -1,0 +1,35 @@
+// Argument checks shared by the CPU implementations and the CUDA bindings (torch-aware).
+// Every message names the op, the argument, what was expected and what came.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace pyxfer {
+
+// A tensor whose bytes an op reads: dense, strided, with storage. Any dtype.
+inline void check_dense(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", arg, " must be a defined tensor");
+  TORCH_CHECK(!t.is_nested(), op, ": ", arg, " must be a dense tensor, got a nested tensor");
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", arg, " must be a dense strided tensor, got layout ",
+              t.layout());
+  TORCH_CHECK(t.has_storage(), op, ": ", arg, " must have storage (got a tensor without data)");
+}
+
+inline void check_non_negative(const char* op, const char* arg, int64_t value) {
+  TORCH_CHECK(value >= 0, op, ": ", arg, " must be >= 0, got ", value);
+}
+
+// Partial sums handed to checksum_combine: a 1-D int64 tensor.
+inline void check_partials(const char* op, const at::Tensor& partials) {
+  check_dense(op, "partials", partials);
+  TORCH_CHECK(partials.scalar_type() == at::kLong && partials.dim() == 1, op,
+              ": partials must be a 1-D int64 tensor of partial sums, got ", partials.scalar_type(),
+              " with shape ", partials.sizes());
+}
+
+// PXH64 takes the uint64 bits of int64 arguments (seeds and sums are unsigned by definition).
+inline uint64_t u64(int64_t v) { return static_cast<uint64_t>(v); }
+
+}  // namespace pyxfer

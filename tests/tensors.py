@@ -1,0 +1,43 @@
+"""Random test tensors of every dtype, odd sizes, views and storage offsets (CPU, then moved)."""
+import torch
+
+ALL_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    torch.float8_e4m3fn, torch.float8_e5m2,
+] + [getattr(torch, n) for n in ("uint16", "uint32", "uint64", "float8_e4m3fnuz", "float8_e5m2fnuz")
+     if hasattr(torch, n)]
+
+
+def random_tensor(shape, dtype, gen, device="cpu"):
+    """Random bits of the given dtype (every byte pattern, NaNs included), made on the CPU."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (numel * itemsize,), dtype=torch.uint8, generator=gen)
+    if dtype == torch.bool:
+        raw = raw & 1
+    return raw.view(dtype).reshape(shape).to(device)
+
+
+def layouts(dtype, gen, device="cpu"):
+    """(name, tensor) pairs: empty, scalar, odd sizes, non-contiguous views, odd storage offsets."""
+    r = lambda *shape: random_tensor(shape, dtype, gen, device)  # noqa: E731
+    yield "empty", r(0)
+    yield "scalar", r()
+    yield "one", r(1)
+    yield "seven", r(7)
+    yield "3x5x7", r(3, 5, 7)
+    yield "odd-large", r((1 << 17) + 3)
+    yield "transposed", r(33, 65).t()
+    yield "strided", r(301)[::3]
+    yield "offset1", r(1001)[1:]
+    yield "offset3-2d", r(19, 23)[3:, 5:]
+    yield "expanded", r(1, 13).expand(9, 13)
+    yield "permuted", r(4, 6, 10).permute(2, 0, 1)
+
+
+def logical_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's contiguous row-major bytes, as the spec defines what PXH64 hashes."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
