@@ -1,13 +1,23 @@
 """pyxfer: trustworthy, fast tensor transfers between GPUs.
 
-Importing pyxfer loads the native ops into ``torch.ops.pyxfer`` and patches nothing.
+Importing pyxfer loads the native ops into ``torch.ops.pyxfer`` and patches nothing. (A fault named
+by $PYXFER_INJECT_FAULT is installed, for demos; see pyxfer.testing.)
 """
 import torch  # noqa: F401  (the native module needs torch's libraries loaded first)
 
 from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
 from . import _fake  # noqa: F401  (fakes for torch.compile / FakeTensor)
+from . import buffers, health, testing
+from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
 from .ops import build_info, checksum
+from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy
 
 __version__ = "0.1.0"
 
-__all__ = ["build_info", "checksum", "__version__"]
+__all__ = [
+    "PackedBuffer", "SubviewSpec", "TransferError", "__version__", "build_info", "buffers", "capture_subviews",
+    "check_transfers", "checksum", "configure_staging", "health", "pack", "restore_subviews", "staged_copy",
+    "testing", "verified_copy",
+]
+
+testing._install_from_env()

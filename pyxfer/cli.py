@@ -1,7 +1,9 @@
 """Command line: `pyxfer doctor` (also `python -m pyxfer doctor`).
 
-doctor prints the build facts, the torch/CUDA/driver versions, the GPUs, the peer-access matrix and a
-checksum self-test (spec vectors on the CPU and on every GPU, CPU == GPU on random data). Every check
+doctor prints the build facts, the torch/CUDA/driver versions, the GPUs, the peer-access matrix, a
+checksum self-test (spec vectors on the CPU and on every GPU, CPU == GPU on random data) and a
+transfer check for every ordered GPU pair (and CPU <-> each GPU): a verified copy, then one with a bit
+flipped on the direct path that must be detected and repaired. Every check
 is run even when an earlier one fails; the exit code is 1 when any check failed. --json prints one
 JSON document instead of the report.
 """
@@ -84,6 +86,39 @@ def _agreement_check(device):
     return (FAIL, "; ".join(bad[:5])) if bad else (OK, f"{len(results)} random buffers (every alignment mod 16) agree")
 
 
+def _transfer_check(src, dst, num_bytes=16 << 20):
+    """A verified copy src -> dst on fresh data, then one with a bit flipped on the direct path:
+    the flip must be detected and repaired through the staged path. The pair's health is restored."""
+    from . import health, testing
+    from .transfer import verified_copy
+
+    before = health.status(src, dst)
+    try:
+        health.mark(src, dst, "unknown")
+        gen = torch.Generator().manual_seed(int(time.time()))
+        data = torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, generator=gen).to(src)
+        verified_copy(data, dst)  # warm-up: peer access, streams, pools
+        health.mark(src, dst, "unknown")
+        start = time.perf_counter()
+        out = verified_copy(data, dst)
+        seconds = time.perf_counter() - start
+        if health.status(src, dst) == "corrupt":
+            return FAIL, (f"corrupt: the direct path wrote wrong bytes ({num_bytes >> 20} MiB); pyxfer repaired it "
+                          f"through the staged path, but plain copies of this pair are not safe")
+        if not torch.equal(out.cpu(), data.cpu()):
+            return FAIL, "a verified copy returned wrong bytes"
+        route = "direct" if health.status(src, dst) == "healthy" else "staged"
+        with testing.inject_fault("bitflip", src=src, dst=dst, path="direct") as fault:
+            repaired = verified_copy(data, dst)
+        detected = fault.used == 1 and health.status(src, dst) == "corrupt"
+        if not (detected and torch.equal(repaired.cpu(), data.cpu())) and route == "direct":
+            return FAIL, "an injected bit flip on the direct path was not detected and repaired"
+        note = "injected bit flip detected, repaired via staged" if route == "direct" else "no direct path (staged)"
+        return OK, f"{num_bytes >> 20} MiB verified {route} in {seconds * 1e3:.2f} ms ({num_bytes / seconds / 1e9:.1f} GB/s); {note}"
+    finally:
+        health.mark(src, dst, before)
+
+
 def _arch_check(info, gpu):
     archs = [int(a[3:]) for a in info["cuda_archs"]]
     cc = int(gpu["capability"].replace(".", ""))
@@ -124,12 +159,20 @@ def doctor(report: Report):
 
     report.check("CUDA build", cuda_build)
     report.check("checksum vectors on cpu", lambda: _vector_check("cpu"))
+    report.check("transfer cpu -> cpu", lambda: _transfer_check("cpu", "cpu", 4 << 20))
     if devices and info["cuda"]:
         for gpu in devices:
             dev = f"cuda:{gpu['index']}"
             report.check(f"architecture of {dev}", lambda gpu=gpu: _arch_check(info, gpu))
             report.check(f"checksum vectors on {dev}", lambda dev=dev: _vector_check(dev))
             report.check(f"checksum cpu == {dev}", lambda dev=dev: _agreement_check(dev))
+            report.check(f"transfer cpu -> {dev}", lambda dev=dev: _transfer_check("cpu", dev))
+            report.check(f"transfer {dev} -> cpu", lambda dev=dev: _transfer_check(dev, "cpu"))
+        for a in devices:
+            for b in devices:
+                if a is not b:
+                    src, dst = f"cuda:{a['index']}", f"cuda:{b['index']}"
+                    report.check(f"transfer {src} -> {dst}", lambda src=src, dst=dst: _transfer_check(src, dst))
 
 
 def print_report(report: Report, out=sys.stdout):

@@ -24,3 +24,25 @@ cudaError_t launch_pxh64_combine(const uint64_t* partials, int64_t num_partials,
                                  cudaStream_t stream);
 
 }  // namespace pyxfer
+
+namespace pyxfer {
+
+// First mismatch seen by deferred verification, in host memory mapped into every device's address
+// space (written by launch_latch_mismatch, read by the host after the devices synchronized).
+struct TransferLatch {
+  unsigned long long count;    // mismatches since the host last reset it
+  unsigned long long claimed;  // 0 until one mismatch claimed the fields below
+  long long src_device, dst_device, num_bytes;
+  unsigned long long src_hash, dst_hash;
+};
+
+// If *dst_hash differs from the source hash (*src_hash, or src_hash_value when src_hash is null),
+// count it in *latch and, for the first one, record the details. One thread, no host wait.
+cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
+                                  TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
+                                  cudaStream_t stream);
+
+// *byte ^= mask (fault injection: one flipped bit, written like any other device write).
+cudaError_t launch_xor_byte(uint8_t* byte, uint8_t mask, cudaStream_t stream);
+
+}  // namespace pyxfer

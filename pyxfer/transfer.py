@@ -1,0 +1,123 @@
+"""Verified copies between devices: hash on the source, copy, hash on the destination, compare;
+on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
+"Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
+import os
+import re
+
+import torch
+
+from . import health
+from ._devices import as_device, device_name
+from .ops import check_tensor
+
+__all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
+
+ROUTES = ("auto", "direct", "staged")
+VERIFY_MODES = ("sync", "deferred", "none")
+_NATIVE_PREFIX = "pyxfer.TransferError: "
+_DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), destination PXH64 (0x[0-9a-f]+)")
+
+
+class TransferError(RuntimeError):
+    """A copy whose destination did not match its source. Attributes: ``src`` and ``dst`` (device
+    names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; None if unknown)."""
+
+    def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None):
+        super().__init__(message)
+        self.src, self.dst, self.num_bytes, self.src_hash, self.dst_hash = src, dst, num_bytes, src_hash, dst_hash
+
+
+def _from_native(message: str) -> TransferError:
+    text = message[message.index(_NATIVE_PREFIX) + len(_NATIVE_PREFIX):].splitlines()[0]
+    m = _DETAILS.search(text)
+    if m is None:
+        return TransferError(text)
+    return TransferError(text, src=m[1], dst=m[2], num_bytes=int(m[3]), src_hash=int(m[4], 16), dst_hash=int(m[5], 16))
+
+
+def default_route() -> str:
+    """The route used when none is given: $PYXFER_ROUTE (auto, direct or staged), else "auto"."""
+    route = os.environ.get("PYXFER_ROUTE", "auto")
+    if route not in ROUTES:
+        raise ValueError(f"PYXFER_ROUTE must be one of {ROUTES}, got {route!r}")
+    return route
+
+
+def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync") -> torch.Tensor:
+    """Copy ``src`` to ``device`` and prove the copy is bit-exact.
+
+    Returns a contiguous tensor on ``device`` with src's dtype, shape and bits, ready for work queued
+    on the destination device's current stream (like ``Tensor.to``). ``src``: any dtype, shape or
+    strides, on the CPU or a GPU; it is not modified and is kept alive until the copy has read it.
+    ``device``: torch.device, string or CUDA index. ``route``: "direct" (peer copy engine; peer
+    access enabled explicitly), "staged" (through the pinned host pool), "auto" (direct unless
+    pyxfer.health says the pair is corrupt or has no peer access); default $PYXFER_ROUTE or "auto".
+    ``verify``: "sync" (wait for both checksums; on a mismatch mark the pair corrupt, copy again
+    staged and verify again), "deferred" (no host wait: the comparison runs on the device and a
+    mismatch is raised by check_transfers(); capturable in a CUDA graph), "none".
+    Differentiable: the gradient goes back to src's device through a verified copy.
+
+    Raises TransferError (a RuntimeError) when the data arrived wrong on both paths (nothing is
+    returned); TypeError/ValueError/RuntimeError with the argument named for bad input (sparse,
+    nested or meta tensors, unknown devices or routes), before anything is allocated.
+    """
+    op = "pyxfer.verified_copy"
+    check_tensor(op, "src", src)
+    route = default_route() if route is None else route
+    if route not in ROUTES:
+        raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
+    device = as_device(op, "device", device)
+    if device.type == "cuda" and not 0 <= device.index < torch.cuda.device_count():
+        raise ValueError(f"{op}: device is {device}, which does not exist ({torch.cuda.device_count()} CUDA devices visible)")
+    try:
+        return torch.ops.pyxfer.verified_copy(src, device, route, verify)
+    except RuntimeError as e:
+        if _NATIVE_PREFIX in str(e):
+            raise _from_native(str(e)) from None
+        raise
+
+
+def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
+    """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
+    buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
+    as verified_copy; raises for bad input like it."""
+    op = "pyxfer.staged_copy"
+    check_tensor(op, "src", src)
+    return torch.ops.pyxfer.staged_copy(src, as_device(op, "device", device))
+
+
+def check_transfers() -> None:
+    """Raise TransferError for mismatches found by ``verify="deferred"`` copies since the last call
+    (waiting for the devices that ran them), and mark their pair corrupt. Returns None otherwise."""
+    record = torch.ops.pyxfer.take_transfer_errors()
+    if not record:
+        return
+    count, src, dst, num_bytes, src_hash, dst_hash = record
+    health.mark(src if src >= 0 else "cpu", dst if dst >= 0 else "cpu", "corrupt")
+    mask = (1 << 64) - 1
+    src_hash, dst_hash = src_hash & mask, dst_hash & mask
+    raise TransferError(
+        f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: copy "
+        f"{device_name(src)} -> {device_name(dst)} of {num_bytes} bytes: source PXH64 {src_hash:#x}, "
+        f"destination PXH64 {dst_hash:#x}",
+        src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash, dst_hash=dst_hash)
+
+
+def configure_staging(chunk_bytes: int = 8 << 20, num_slots: int = 4) -> None:
+    """Size of the staging pool used by later staged copies: ``num_slots`` (2..64) pinned buffers of
+    ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor)."""
+    torch.ops.pyxfer.configure_staging(int(chunk_bytes), int(num_slots))
+
+
+def _setup_context(ctx, inputs, output):
+    src, _device, route, verify = inputs
+    ctx.src_device, ctx.route, ctx.verify = src.device, route, verify
+
+
+def _backward(ctx, grad):
+    return torch.ops.pyxfer.verified_copy(grad, ctx.src_device, ctx.route, ctx.verify), None, None, None
+
+
+torch.library.register_autograd("pyxfer::verified_copy", _backward, setup_context=_setup_context)

@@ -1,0 +1,232 @@
+"""Verified transfers on the CPU: the whole protocol (faults, repair, routing, deferred errors,
+autograd, thread safety) runs here through CPU -> CPU copies."""
+import threading
+
+import pytest
+import torch
+
+import pyxfer
+from pyxfer.testing import FAULT_KINDS, inject_fault
+
+from conftest import run_python
+from tensors import ALL_DTYPES, layouts, logical_bytes, random_tensor
+
+
+@pytest.fixture(autouse=True)
+def clean_health():
+    pyxfer.health.reset()
+    yield
+    pyxfer.health.reset()
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and logical_bytes(a) == logical_bytes(b)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_layout_route_and_mode(dtype, gen):
+    for name, t in layouts(dtype, gen):
+        for route in ("direct", "staged", "auto"):
+            for verify in ("sync", "deferred", "none"):
+                out = pyxfer.verified_copy(t, "cpu", route=route, verify=verify)
+                assert out.is_contiguous() and same_bits(out, t), (name, route, verify)
+                assert out.data_ptr() != t.data_ptr() or t.numel() == 0
+    pyxfer.check_transfers()  # nothing latched
+
+
+def test_successful_direct_copy_marks_the_pair_healthy(gen):
+    assert pyxfer.health.status("cpu", "cpu") == "unknown"
+    pyxfer.verified_copy(random_tensor((100,), torch.float32, gen), "cpu")
+    assert pyxfer.health.status("cpu", "cpu") == "healthy"
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+@pytest.mark.parametrize("numel", [1, 7, 4099, (1 << 20) + 3])
+def test_direct_fault_is_detected_repaired_and_rerouted(kind, numel, gen):
+    src = random_tensor((numel,), torch.uint8, gen)
+    with inject_fault(kind, path="direct") as fault:
+        out = pyxfer.verified_copy(src, "cpu")
+    assert fault.used == 1  # the direct copy really was corrupted ...
+    assert same_bits(out, src)  # ... and the staged repair returned the right bits
+    assert pyxfer.health.status("cpu", "cpu") == "corrupt"
+    with inject_fault(kind, path="direct") as fault:  # the next copy of this pair routes staged
+        out = pyxfer.verified_copy(src, "cpu")
+    assert fault.used == 0 and same_bits(out, src)
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_fault_without_verification_really_writes_wrong_bytes(kind, gen):
+    src = random_tensor((4099,), torch.uint8, gen)
+    with inject_fault(kind, path="direct") as fault:
+        out = pyxfer.verified_copy(src, "cpu", route="direct", verify="none")
+    assert fault.used == 1
+    # stale leaves whatever the fresh allocation held: that too must differ from fresh random data
+    assert not same_bits(out, src)
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_faults_on_both_paths_raise_and_return_nothing(kind, gen):
+    src = random_tensor((3, 1001), torch.float16, gen)
+    with inject_fault(kind, path="direct"), inject_fault("bitflip", path="staged"):
+        with pytest.raises(pyxfer.TransferError, match=r"copy cpu -> cpu of 6006 bytes failed verification") as info:
+            pyxfer.verified_copy(src, "cpu")
+    e = info.value
+    assert isinstance(e, RuntimeError)
+    assert (e.src, e.dst, e.num_bytes) == ("cpu", "cpu", 6006)
+    assert e.src_hash == pyxfer.checksum(src) and e.dst_hash != e.src_hash
+
+
+def test_staged_route_faults_retry_staged_once(gen):
+    src = random_tensor((777,), torch.int32, gen)
+    with inject_fault("zeros", path="staged", times=1) as fault:  # a transient staged fault
+        out = pyxfer.verified_copy(src, "cpu", route="staged")
+    assert fault.used == 1 and same_bits(out, src)
+
+
+def test_deferred_mode_latches_and_check_transfers_raises(gen):
+    src = random_tensor((5000,), torch.uint8, gen)
+    good = random_tensor((64,), torch.uint8, gen)
+    pyxfer.verified_copy(good, "cpu", verify="deferred")
+    with inject_fault("bitflip", path="direct", times=2):
+        pyxfer.verified_copy(src, "cpu", route="direct", verify="deferred")  # returns without raising
+        pyxfer.verified_copy(src, "cpu", route="direct", verify="deferred")
+    with pytest.raises(pyxfer.TransferError, match=r"2 deferred verified copies failed verification; the first: "
+                                                  r"copy cpu -> cpu of 5000 bytes") as info:
+        pyxfer.check_transfers()
+    assert info.value.src_hash == pyxfer.checksum(src) and info.value.num_bytes == 5000
+    assert pyxfer.health.status("cpu", "cpu") == "corrupt"
+    pyxfer.check_transfers()  # the latch was cleared
+
+
+def test_zero_element_tensors(gen):
+    for shape in [(0,), (3, 0), (0, 5, 2)]:
+        t = torch.empty(shape, dtype=torch.bfloat16)
+        with inject_fault("zeros", path="direct") as fault:
+            out = pyxfer.verified_copy(t, "cpu")
+        assert out.shape == t.shape and out.dtype == t.dtype and fault.used == 0
+    assert pyxfer.staged_copy(torch.empty(0), "cpu").shape == (0,)
+
+
+def test_staged_copy_through_a_small_pool(gen):
+    try:
+        pyxfer.configure_staging(4096, 2)
+        for numel in (0, 1, 4095, 4096, 4097, 3 * 4096 + 11, (1 << 20) + 3):
+            src = random_tensor((numel,), torch.uint8, gen)
+            assert same_bits(pyxfer.staged_copy(src, "cpu"), src)
+            assert same_bits(pyxfer.verified_copy(src, "cpu", route="staged"), src)
+        src = random_tensor((40, 33), torch.complex64, gen).t()
+        assert same_bits(pyxfer.staged_copy(src, "cpu"), src)
+    finally:
+        pyxfer.configure_staging()
+
+
+def test_autograd_moves_the_gradient_back(gen):
+    x = torch.randn(17, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(17, 5, dtype=torch.float64)
+    y = pyxfer.verified_copy(x.t(), "cpu")
+    assert y.requires_grad
+    (y * w.t()).sum().backward()
+    assert torch.equal(x.grad, w)
+    torch.autograd.gradcheck(lambda a: pyxfer.verified_copy(a, "cpu") * 3, (torch.randn(4, 3, dtype=torch.float64,
+                                                                                       requires_grad=True),))
+
+
+def test_opcheck_and_compile(gen):
+    for name, t in layouts(torch.int32, gen):  # integer data: opcheck compares values (NaN != NaN)
+        torch.library.opcheck(torch.ops.pyxfer.verified_copy.default, (t, torch.device("cpu"), "auto", "sync"))
+        torch.library.opcheck(torch.ops.pyxfer.staged_copy.default, (t, torch.device("cpu")))
+    f = torch.compile(lambda a: torch.ops.pyxfer.verified_copy(a * 2, torch.device("cpu"), "direct", "sync") + 1,
+                      fullgraph=True)
+    a = torch.randn(33)
+    assert torch.equal(f(a), a * 2 + 1)
+
+
+def test_health_registry_is_thread_safe_under_concurrent_copies(gen):
+    sources = [random_tensor((int(n),), torch.uint8, gen) for n in torch.randint(1, 200_000, (16,), generator=gen)]
+    errors, stop = [], threading.Event()
+
+    def copier(i):
+        try:
+            for k in range(40):
+                src = sources[(i + k) % len(sources)]
+                out = pyxfer.verified_copy(src, "cpu", route="auto")
+                if not same_bits(out, src):
+                    errors.append(f"wrong bits in thread {i}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    def flipper():
+        while not stop.is_set():
+            pyxfer.health.mark("cpu", "cpu", "corrupt")
+            pyxfer.health.mark("cpu", "cpu", "healthy")
+            pyxfer.health.reset()
+
+    threads = [threading.Thread(target=copier, args=(i,)) for i in range(6)] + [threading.Thread(target=flipper)]
+    for t in threads:
+        t.start()
+    with inject_fault("bitflip", path="direct", times=25) as fault:
+        for t in threads[:-1]:
+            t.join()
+    stop.set()
+    threads[-1].join()
+    assert errors == []
+    assert fault.used >= 1  # some copies were corrupted and repaired while the registry churned
+
+
+def test_bad_input_is_rejected_before_any_work(gen):
+    t = torch.arange(8.0)
+    with pytest.raises(ValueError, match=r"pyxfer.verified_copy: src must be a dense strided tensor, got layout"):
+        pyxfer.verified_copy(t.to_sparse(), "cpu")
+    with pytest.raises(ValueError, match=r"pyxfer.verified_copy: src is on the meta device"):
+        pyxfer.verified_copy(torch.empty(3, device="meta"), "cpu")
+    with pytest.raises(ValueError, match=r"nested"):
+        pyxfer.verified_copy(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "cpu")
+    with pytest.raises(ValueError, match=r"pyxfer.verified_copy: route must be one of"):
+        pyxfer.verified_copy(t, "cpu", route="teleport")
+    with pytest.raises(ValueError, match=r"pyxfer.verified_copy: verify must be one of"):
+        pyxfer.verified_copy(t, "cpu", verify="maybe")
+    with pytest.raises(ValueError, match=r"pyxfer.verified_copy: device must be a CPU or CUDA device, got meta"):
+        pyxfer.verified_copy(t, "meta")
+    with pytest.raises(TypeError, match=r"pyxfer.verified_copy: device must be a torch.device"):
+        pyxfer.verified_copy(t, 1.5)
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"pyxfer.verified_copy: device is cuda:{n + 3}, which does not exist"):
+        pyxfer.verified_copy(t, f"cuda:{n + 3}")
+    with pytest.raises(RuntimeError, match=r"route must be 'auto', 'direct' or 'staged', got 'x'"):
+        torch.ops.pyxfer.verified_copy(t, torch.device("cpu"), "x", "sync")
+    with pytest.raises(ValueError, match=r"inject_fault: kind must be one of"):
+        with inject_fault("gremlins"):
+            pass
+    with pytest.raises(ValueError, match=r"inject_fault: path must be"):
+        with inject_fault("zeros", path="carrier-pigeon"):
+            pass
+    with pytest.raises(ValueError, match=r"inject_fault: times must be an int >= 1"):
+        with inject_fault("zeros", times=0):
+            pass
+    with pytest.raises(RuntimeError, match=r"configure_staging: chunk_bytes must be a positive multiple of 4096"):
+        pyxfer.configure_staging(1000, 4)
+    with pytest.raises(RuntimeError, match=r"configure_staging: num_slots must be in \[2, 64\]"):
+        pyxfer.configure_staging(4096, 1)
+    with pytest.raises(ValueError, match=r"pyxfer.health.mark: state must be one of"):
+        pyxfer.health.mark("cpu", "cpu", "fine")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a build without CUDA devices")
+def test_cuda_destination_without_cuda_is_a_clear_error():
+    with pytest.raises((ValueError, RuntimeError), match=r"does not exist|built without CUDA"):
+        pyxfer.verified_copy(torch.ones(3), "cuda:0")
+
+
+def test_environment_sets_the_default_route_and_a_fault():
+    code = """
+import torch, pyxfer
+src = torch.arange(1000, dtype=torch.int64)
+out = pyxfer.verified_copy(src, "cpu")   # PYXFER_INJECT_FAULT corrupts the direct copy, repaired
+assert torch.equal(out, src)
+print(pyxfer.health.status("cpu", "cpu"), pyxfer.transfer.default_route())
+"""
+    r = run_python(code, env={"PYXFER_INJECT_FAULT": "shift,src=cpu,dst=cpu,times=1", "PYXFER_ROUTE": "direct"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["corrupt", "direct"]
+    r = run_python("import pyxfer, torch; pyxfer.verified_copy(torch.ones(2), 'cpu')", env={"PYXFER_ROUTE": "warp"})
+    assert r.returncode != 0 and "PYXFER_ROUTE must be one of" in r.stderr
