@@ -22,6 +22,16 @@ if ! PYXFER_WITH_CUDA=1 $PY -m pip install --no-build-isolation --no-deps -e . >
   tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"
+# smoke test in a child process: an error message and a str result cross into torch (a broken
+# toolchain crashes exactly there)
+if ! $PY -c "import torch, pyxfer
+pyxfer.build_info()
+try:
+    torch.ops.pyxfer.checksum_partial(torch.ones(1), -1, 0)
+except RuntimeError:
+    pass"; then
+  echo "SMOKE TEST FAILED: pyxfer crashes on its first error message (see setup.py link_flags)"; exit 1
+fi
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 
 step "doctor"
@@ -29,11 +39,12 @@ $PY -m pyxfer doctor | tee "$OUT/doctor.txt" || status=1
 $PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
 
 step "tests"
-$PY -m pytest -q -rs -p no:cacheprovider ${PYXFER_TESTS:-tests} --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -40
+timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TESTS:-tests} \
+  --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "benchmarks"
-for b in ${PYXFER_BENCHMARKS:-checksum}; do
+for b in ${PYXFER_BENCHMARKS-checksum transfer buffers}; do
   $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.txt" || status=1
 done
 

@@ -27,6 +27,17 @@ if b.exists():
                          f"{row['pyxfer_gbps'] / row['baseline_gbps']:.1%} of int64.sum ({row['baseline_gbps']:.0f} GB/s); target >= 90%"))
     for row in r.get("cpu_rows", []):
         rows.append((f"checksum cpu {row['bytes'] >> 20} MiB", f"{row['pyxfer_gbps']:.1f} GB/s ({r['threads']} threads)"))
+b = out / "bench_transfer.json"
+if b.exists():
+    for t in json.loads(b.read_text()).get("targets", []):
+        rows.append((f"transfer: {t['target']}", f"{t['measured']}  {t['result']}"))
+b = out / "bench_buffers.json"
+if b.exists():
+    for row in json.loads(b.read_text()).get("gpu_rows", []):
+        if row["bytes"] >= 256 << 20:
+            ratio = row["offload_gbps"] / row["d2h_copy_gbps"]
+            rows.append((f"buffers offload {row['bytes'] >> 20} MiB", f"{row['offload_gbps']:.1f} GB/s = {ratio:.0%} "
+                         f"of one D2H copy_ ({row['d2h_copy_gbps']:.1f} GB/s); target >= 80%"))
 width = max(len(k) for k, _ in rows) if rows else 0
 print("SUMMARY")
 for k, v in rows:
