@@ -82,21 +82,6 @@ class BuildWithKernelCheck(BuildExtension):
 
 
 
-def link_flags():
-    """Undo a toolchain that links every shared object with -Bsymbolic (seen: CXX=/opt/gcc/bin/g++ on
-    our GPU image). With it, the extension binds to its own weak copies of libstdc++ templates
-    (iostreams, locale facets) instead of libstdc++'s and crashes on the first std::ostringstream,
-    i.e. on every error message."""
-    cxx = os.environ.get("CXX", "c++")
-    try:
-        specs = subprocess.run([cxx, "-dumpspecs"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    if re.search(r"%\{shared:\s*-Bsymbolic\}", specs):
-        print(f"setup.py: {cxx} links shared objects with -Bsymbolic; adding -Wl,-Bno-symbolic", flush=True)
-        return ["-Wl,-Bno-symbolic"]
-    return []
-
 
 WITH_CUDA = want_cuda()
 ARCHS = cuda_archs()
@@ -107,7 +92,6 @@ cxx_flags = ["-O3", ABI_FLAG, f"-DPYXFER_WITH_CUDA={int(WITH_CUDA)}"]
 common = dict(
     name="pyxfer._C",
     include_dirs=[str(CSRC), str(CSRC / "include")],
-    extra_link_args=link_flags(),
 )
 if WITH_CUDA:
     arch_macro = "-DPYXFER_CUDA_ARCH_LIST=" + ",".join(a.rstrip("a") for a in ARCHS)

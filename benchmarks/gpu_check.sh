@@ -12,6 +12,10 @@ export PYTHONUNBUFFERED=1
 # keep NVLink multicast off wherever these run (shared hosts)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr/local/cuda; fi
+# The GPU image sets CXX=/opt/gcc/bin/g++, which links the extension with a private copy of
+# libstdc++ (no libstdc++.so dependency, its own iostream/locale instances): it crashes on its first
+# error message. Build with the system compiler unless PYXFER_CXX names another.
+if [ -n "${PYXFER_CXX:-}" ]; then export CXX=$PYXFER_CXX; elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 
 step() { echo; echo "=== $1"; }
 status=0
@@ -30,7 +34,7 @@ try:
     torch.ops.pyxfer.checksum_partial(torch.ones(1), -1, 0)
 except RuntimeError:
     pass"; then
-  echo "SMOKE TEST FAILED: pyxfer crashes on its first error message (see setup.py link_flags)"; exit 1
+  echo "SMOKE TEST FAILED: pyxfer crashes on its first error message (CXX=${CXX:-c++}; try PYXFER_CXX)"; exit 1
 fi
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 
