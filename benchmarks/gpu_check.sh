@@ -39,7 +39,7 @@ fi
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 
 step "doctor"
-$PY -m pyxfer doctor | tee "$OUT/doctor.txt" || status=1
+$PY -m pyxfer doctor || status=1
 $PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
 
 step "tests"
@@ -49,7 +49,7 @@ timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider -
 
 step "benchmarks"
 for b in ${PYXFER_BENCHMARKS-checksum transfer buffers}; do
-  $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.txt" || status=1
+  $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" || status=1
 done
 
 step "summary"

@@ -32,7 +32,10 @@ using c10::cuda::CUDAStream;
 constexpr int64_t kPipelineChunkBytes = int64_t(64) << 20;  // direct GPU->GPU: hash chunk k while k+1 moves
 constexpr int64_t kOverlapBytes = int64_t(4) << 20;         // from here on, hash the source on a side stream
 
+// NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
+// stream is the legacy stream (handle 0), which means "the current device's".
 bool is_capturing(const CUDAStream& s) {
+  const c10::cuda::CUDAGuard guard(s.device_index());
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
   return status != cudaStreamCaptureStatusNone;
@@ -47,6 +50,7 @@ void order(const CUDAStream& before, const CUDAStream& after) {
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     C10_CUDA_CHECK(cudaEventRecord(event, before.stream()));
   }
+  const c10::cuda::CUDAGuard guard(after.device_index());
   C10_CUDA_CHECK(cudaStreamWaitEvent(after.stream(), event, 0));
   C10_CUDA_CHECK(cudaEventDestroy(event));  // released once the wait no longer needs it
 }
