@@ -7,6 +7,8 @@ ANY_CODE = -2
 
 def as_device(op: str, name: str, device) -> torch.device:
     """torch.device from a torch.device, a string or a CUDA index; 'cuda' gets the current index."""
+    if type(device) is torch.device and (device.type == "cpu" or (device.type == "cuda" and device.index is not None)):
+        return device  # the common case, without parsing
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
         raise TypeError(f"{op}: {name} must be a torch.device, a string or a CUDA index, got {type(device).__name__}")
     try:

@@ -109,15 +109,3 @@ def configure_staging(chunk_bytes: int = 8 << 20, num_slots: int = 4) -> None:
     """Size of the staging pool used by later staged copies: ``num_slots`` (2..64) pinned buffers of
     ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor)."""
     torch.ops.pyxfer.configure_staging(int(chunk_bytes), int(num_slots))
-
-
-def _setup_context(ctx, inputs, output):
-    src, _device, route, verify = inputs
-    ctx.src_device, ctx.route, ctx.verify = src.device, route, verify
-
-
-def _backward(ctx, grad):
-    return torch.ops.pyxfer.verified_copy(grad, ctx.src_device, ctx.route, ctx.verify), None, None, None
-
-
-torch.library.register_autograd("pyxfer::verified_copy", _backward, setup_context=_setup_context)

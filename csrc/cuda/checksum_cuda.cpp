@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "cuda/pxh64_cuda.h"
 #include "pyxfer/launch.h"
 
 namespace pyxfer {
@@ -14,32 +15,33 @@ namespace {
 
 uint64_t* u64_ptr(const at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.data_ptr<int64_t>()); }
 
-// Hash (or partially sum) t's logical bytes on t's device. With `finalize` the result is the
-// PXH64 value, otherwise the unfinalized sum keyed from `word_offset`.
-at::Tensor pxh64_cuda(const char* op, const at::Tensor& t, int64_t word_offset, int64_t seed, bool finalize) {
-  check_dense(op, "t", t);
-  check_non_negative(op, "word_offset", word_offset);
-  const c10::cuda::CUDAGuard guard(t.device());
+// Sum t's logical bytes keyed from `word_offset` into *acc (zeroed here); with `out_hash`, the last
+// block also writes the finalized PXH64 there. Current device and stream.
+void pxh64_launch(const at::Tensor& contiguous, int64_t word_offset, int64_t seed, uint64_t* out_hash,
+                  at::Tensor& workspace, uint64_t max_blocks) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor c = t.contiguous();  // hash the logical row-major bytes
-  const at::TensorOptions options = t.options().dtype(at::kLong);
-  // workspace: [0] the running sum, [1] the count of finished blocks (the last block finalizes);
-  // a partial sum needs only [0], which is then the result.
-  at::Tensor workspace = finalize ? at::empty({2}, options) : at::empty({}, options);
+  // workspace: [0] the running sum, [1] the count of finished blocks (the last block finalizes)
   C10_CUDA_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0, workspace.nbytes(), stream));
-  at::Tensor out = finalize ? at::empty({}, options) : workspace;
-  uint32_t* blocks_done = finalize ? reinterpret_cast<uint32_t*>(u64_ptr(workspace) + 1) : nullptr;
-  C10_CUDA_CHECK(launch_pxh64(c.data_ptr(), c.nbytes(), u64(word_offset), u64(seed), u64_ptr(workspace),
-                              blocks_done, finalize ? u64_ptr(out) : nullptr, c.nbytes(), stream));
-  return out;
+  uint32_t* blocks_done = out_hash ? reinterpret_cast<uint32_t*>(u64_ptr(workspace) + 1) : nullptr;
+  C10_CUDA_CHECK(launch_pxh64(contiguous.data_ptr(), contiguous.nbytes(), u64(word_offset), u64(seed),
+                              u64_ptr(workspace), blocks_done, out_hash, contiguous.nbytes(), max_blocks, stream));
 }
 
 at::Tensor checksum_cuda(const at::Tensor& t, int64_t seed) {
-  return pxh64_cuda("pyxfer.checksum", t, 0, seed, /*finalize=*/true);
+  check_dense("pyxfer.checksum", "t", t);
+  const c10::cuda::CUDAGuard guard(t.device());
+  at::Tensor out = at::empty({}, t.options().dtype(at::kLong));
+  pxh64_into(t.contiguous(), seed, u64_ptr(out), 0);  // hash the logical row-major bytes
+  return out;
 }
 
 at::Tensor checksum_partial_cuda(const at::Tensor& t, int64_t word_offset, int64_t seed) {
-  return pxh64_cuda("pyxfer.checksum_partial", t, word_offset, seed, /*finalize=*/false);
+  check_dense("pyxfer.checksum_partial", "t", t);
+  check_non_negative("pyxfer.checksum_partial", "word_offset", word_offset);
+  const c10::cuda::CUDAGuard guard(t.device());
+  at::Tensor sum = at::empty({}, t.options().dtype(at::kLong));  // the partial sum is the result
+  pxh64_launch(t.contiguous(), word_offset, seed, nullptr, sum, 0);
+  return sum;
 }
 
 at::Tensor checksum_combine_cuda(const at::Tensor& partials, int64_t num_bytes, int64_t seed) {
@@ -54,6 +56,11 @@ at::Tensor checksum_combine_cuda(const at::Tensor& partials, int64_t num_bytes, 
 }
 
 }  // namespace
+
+void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out, uint64_t max_blocks) {
+  at::Tensor workspace = at::empty({2}, t.options().dtype(at::kLong));
+  pxh64_launch(t, 0, seed, out, workspace, max_blocks);
+}
 
 TORCH_LIBRARY_IMPL(pyxfer, CUDA, m) {
   m.impl("checksum", &checksum_cuda);

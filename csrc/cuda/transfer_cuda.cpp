@@ -16,11 +16,13 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
 
 #include "checks.h"
+#include "cuda/pxh64_cuda.h"
 #include "pyxfer/launch.h"
 #include "transfer/transfer.h"
 
@@ -29,8 +31,11 @@ namespace {
 
 using c10::cuda::CUDAStream;
 
-constexpr int64_t kPipelineChunkBytes = int64_t(64) << 20;  // direct GPU->GPU: hash chunk k while k+1 moves
-constexpr int64_t kOverlapBytes = int64_t(4) << 20;         // from here on, hash the source on a side stream
+constexpr int64_t kPipelineChunkBytes = int64_t(32) << 20;  // direct GPU->GPU: hash chunk k while k+1 moves
+constexpr int64_t kOverlapBytes = int64_t(4) << 20;  // from here on, hash beside the copy on side streams
+// Hashes beside a copy use a quarter of the device: still several times faster than the link, and
+// they leave most of the memory bandwidth to the copy engine reading or writing the same memory.
+constexpr uint64_t kBesideCopyBlocksPerSm = 1;
 
 // NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
 // stream is the legacy stream (handle 0), which means "the current device's".
@@ -41,18 +46,34 @@ bool is_capturing(const CUDAStream& s) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// One reusable event per device and thread: a wait captures the event's state when it is queued, so
+// the event can be recorded again right away (no create/destroy per ordering).
+cudaEvent_t ordering_event(c10::DeviceIndex device) {
+  thread_local std::vector<cudaEvent_t> events;
+  if (size_t(device) >= events.size()) events.resize(size_t(device) + 1, nullptr);
+  if (events[device] == nullptr) {
+    const c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&events[device], cudaEventDisableTiming));
+  }
+  return events[device];
+}
+
 // Work queued on `after` from now on runs after everything queued on `before` so far.
 void order(const CUDAStream& before, const CUDAStream& after) {
   if (before == after) return;
-  cudaEvent_t event = nullptr;
+  const cudaEvent_t event = ordering_event(before.device_index());
   {
     const c10::cuda::CUDAGuard guard(before.device_index());
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     C10_CUDA_CHECK(cudaEventRecord(event, before.stream()));
   }
   const c10::cuda::CUDAGuard guard(after.device_index());
   C10_CUDA_CHECK(cudaStreamWaitEvent(after.stream(), event, 0));
-  C10_CUDA_CHECK(cudaEventDestroy(event));  // released once the wait no longer needs it
+}
+
+uint64_t beside_copy_blocks(c10::DeviceIndex device) {
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return uint64_t(sms) * kBesideCopyBlocksPerSm;
 }
 
 // The caching allocator must not reuse `t`'s memory before work queued on `stream` finished.
@@ -66,12 +87,17 @@ uint64_t* u64_of(const at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.dat
 
 // ---- peer access ----------------------------------------------------------------------------------
 std::mutex peer_mutex;
+std::map<std::pair<int, int>, bool> peer_possible;  // cudaDeviceCanAccessPeer, asked once per pair
 std::set<std::pair<int, int>> peer_enabled;
 
 bool can_access_peer(int from, int to) {
+  std::lock_guard<std::mutex> lock(peer_mutex);
+  auto it = peer_possible.find({from, to});
+  if (it != peer_possible.end()) return it->second;
+  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
   int can = 0;
   C10_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
-  return can != 0;
+  return peer_possible[{from, to}] = can != 0;
 }
 
 // Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver).
@@ -219,50 +245,47 @@ class CudaPath final : public TransferPath {
     if (src_.is_cuda()) sa_ = c10::cuda::getCurrentCUDAStream(src_.index());
     if (dst_.is_cuda()) sb_ = c10::cuda::getCurrentCUDAStream(dst_.index());
     peer_ = src_.is_cuda() && dst_.is_cuda() && src_.index() != dst_.index();
-    // In graph capture the other device's work goes on a pool stream that joins the capture (its
-    // current stream may be the legacy default stream, which cannot be captured).
     sa_capturing_ = sa_ && is_capturing(*sa_);
     sb_capturing_ = sb_ && is_capturing(*sb_);
+    // In graph capture the other device's work goes on a pool stream that joins the capture (its
+    // current stream may be the legacy default stream, which cannot be captured).
     if (peer_ && sa_capturing_ && !sb_capturing_) sb_ = c10::cuda::getStreamFromPool(false, dst_.index());
     if (peer_ && sb_capturing_ && !sa_capturing_) sa_ = c10::cuda::getStreamFromPool(false, src_.index());
   }
 
-  bool capturing() const override { return sa_capturing_ || sb_capturing_; }
-
   at::Device dst_device() const override { return dst_; }
-
   bool direct_supported() const override { return !peer_ || can_access_peer(src_.index(), dst_.index()); }
+  bool capturing() const override { return sa_capturing_ || sb_capturing_; }
 
   at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype) override {
     const auto options = at::TensorOptions().dtype(dtype).device(dst_);
     if (!dst_.is_cuda()) return at::empty(sizes, options);
-    const c10::cuda::CUDAGuard guard(dst_);
     if (sa_capturing_) order(*sa_, *sb_);  // fork: Sb joins the capture
+    const c10::cuda::CUDAStreamGuard on(*sb_);  // allocations belong to Sb (in capture: the graph's pool)
     at::Tensor dst = at::empty(sizes, options);
-    if (peer_) {
-      src_hash_on_dst_ = at::empty({}, options.dtype(at::kLong));
-      order(*sb_, *sa_);  // Sa writes dst (and the hash scalar) only after their allocation on Sb
-    }
+    // [0] source hash (moved here), [1] destination hash, [2..3] the destination hash's workspace
+    hashes_ = at::empty({4}, options.dtype(at::kLong));
+    C10_CUDA_CHECK(cudaMemsetAsync(hashes_.data_ptr(), 0, hashes_.nbytes(), sb_->stream()));
+    if (peer_) order(*sb_, *sa_);  // Sa writes dst and hashes_ only after their allocation on Sb
     return dst;
   }
 
   at::Tensor hash_src(const at::Tensor& src, int64_t seed) override {
     if (!src_.is_cuda()) return checksum_op(src, seed);
     const c10::cuda::CUDAGuard guard(src_);
+    const bool beside = int64_t(src.nbytes()) >= kOverlapBytes;  // hash beside the copy, not before it
     hash_stream_ = *sa_;
-    if (int64_t(src.nbytes()) >= kOverlapBytes) {  // hash beside the copy, not before it
+    if (beside) {
       hash_stream_ = c10::cuda::getStreamFromPool(false, src_.index());
       order(*sa_, *hash_stream_);
       keep_alive_on(src, *hash_stream_);
     }
-    at::Tensor hash;
-    {
-      const c10::cuda::CUDAStreamGuard on(*hash_stream_);
-      hash = checksum_op(src, seed);
-    }
-    if (peer_) {
-      C10_CUDA_CHECK(cudaMemcpyPeerAsync(src_hash_on_dst_.data_ptr(), dst_.index(), hash.data_ptr(), src_.index(),
-                                         sizeof(int64_t), hash_stream_->stream()));
+    const c10::cuda::CUDAStreamGuard on(*hash_stream_);
+    at::Tensor hash = at::empty({}, src.options().dtype(at::kLong));
+    pxh64_into(src, seed, u64_of(hash), beside ? beside_copy_blocks(src_.index()) : 0);
+    if (dst_.is_cuda()) {  // next to the destination hash, for one comparison there (Sb waits for it)
+      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), hash.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                                     hash_stream_->stream()));
     }
     return hash;
   }
@@ -270,23 +293,23 @@ class CudaPath final : public TransferPath {
   at::Tensor copy_and_hash(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan,
                            bool hash, int64_t seed) override {
     num_bytes_ = plan.num_bytes;
-    at::Tensor dst_hash;
+    bool hashed = false;
     if (route == Route::kStaged) {
       copy_staged(dst, src, plan);
-    } else if (peer_ || (src_.is_cuda() && dst_.is_cuda())) {
-      dst_hash = copy_device_to_device(dst, src, plan, hash, seed);
+    } else if (src_.is_cuda() && dst_.is_cuda()) {
+      hashed = copy_device_to_device(dst, src, plan, hash, seed);
     } else {
       copy_host_device(dst, src, plan);
     }
-    if (hash && !dst_hash.defined()) {
-      if (dst_.is_cuda()) {
-        const c10::cuda::CUDAGuard guard(dst_);
-        dst_hash = checksum_op(dst, seed);  // on Sb, after the data landed there
-      } else {
-        dst_hash = checksum_op(dst, seed);
-      }
+    at::Tensor dst_hash;
+    if (hash && dst_.is_cuda()) {
+      const c10::cuda::CUDAStreamGuard on(*sb_);
+      if (!hashed) pxh64_into(dst, seed, u64_of(hashes_) + 1, 0);  // on Sb, after the data landed there
+      dst_hash = hashes_.select(0, 1);
+    } else if (hash) {
+      dst_hash = checksum_op(dst, seed);
     }
-    if (hash_stream_ && dst_.is_cuda()) order(*hash_stream_, *sb_);  // src hash (and its move) done
+    if (hash_stream_ && dst_.is_cuda()) order(*hash_stream_, *sb_);  // the source hash arrived
     if (!hash) join();
     return dst_hash;
   }
@@ -295,15 +318,23 @@ class CudaPath final : public TransferPath {
                uint64_t* dst_value) override {
     if (deferred && dst_.is_cuda()) {
       const c10::cuda::CUDAGuard guard(dst_);
-      const uint64_t* src_ptr = !src_.is_cuda() ? nullptr : peer_ ? u64_of(src_hash_on_dst_) : u64_of(src_hash);
+      const uint64_t* src_ptr = src_.is_cuda() ? u64_of(hashes_) : nullptr;
       const uint64_t src_val = src_.is_cuda() ? 0 : u64(src_hash.item<int64_t>());
-      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_val, u64_of(dst_hash), device_latch(dst_.index()),
+      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_val, u64_of(hashes_) + 1, device_latch(dst_.index()),
                                            device_code(src_), device_code(dst_), num_bytes_, sb_->stream()));
       join();
       return true;
     }
-    *src_value = read(src_hash, hash_stream_);
-    *dst_value = read(dst_hash, sb_);
+    if (dst_.is_cuda()) {  // one read of both hashes, waiting for Sb only
+      const c10::cuda::CUDAStreamGuard on(*sb_);
+      const at::Tensor both = hashes_.narrow(0, 0, 2).cpu();
+      *src_value = src_.is_cuda() ? u64(both.data_ptr<int64_t>()[0]) : u64(src_hash.item<int64_t>());
+      *dst_value = u64(both.data_ptr<int64_t>()[1]);
+    } else {
+      const c10::cuda::CUDAStreamGuard on(*hash_stream_);
+      *src_value = u64(src_hash.item<int64_t>());
+      *dst_value = u64(dst_hash.item<int64_t>());
+    }
     const bool match = *src_value == *dst_value;
     if (!match && deferred) {  // device -> host: the comparison ran on the host
       latch_host_error(device_code(src_), device_code(dst_), num_bytes_, *src_value, *dst_value);
@@ -313,13 +344,6 @@ class CudaPath final : public TransferPath {
   }
 
  private:
-  // A 0-dim int64 hash as uint64, waiting only for the stream that computed it.
-  static uint64_t read(const at::Tensor& hash, const c10::optional<CUDAStream>& stream) {
-    if (!hash.is_cuda()) return u64(hash.item<int64_t>());
-    const c10::cuda::CUDAStreamGuard on(*stream);
-    return u64(hash.item<int64_t>());
-  }
-
   // In graph capture, the capturing (origin) stream must rejoin what was forked from it.
   void join() {
     if (!peer_) return;
@@ -327,52 +351,49 @@ class CudaPath final : public TransferPath {
     else if (sb_capturing_) order(*sa_, *sb_);
   }
 
-  // Direct GPU -> GPU (peer copy engine, or a device-local copy): chunks are copied on Sa and, for a
-  // peer copy with hashing, each chunk is hashed on Hb (device B) as soon as it landed.
-  at::Tensor copy_device_to_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan, bool hash,
-                                   int64_t seed) {
+  // Direct GPU -> GPU (peer copy engine, or a device-local copy), in chunks on Sa. For a large peer
+  // copy with hashing, each chunk is hashed on Hb (device B) as soon as it landed, into hashes_[1];
+  // returns whether it did.
+  bool copy_device_to_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan, bool hash,
+                             int64_t seed) {
     if (peer_) {
       enable_peer_access(src_.index(), dst_.index());
       enable_peer_access(dst_.index(), src_.index());
     }
-    const bool pipelined = hash && peer_ && plan.num_bytes > 0;
+    const bool pipelined = hash && peer_ && plan.num_bytes >= kOverlapBytes;
     c10::optional<CUDAStream> hb;
-    at::Tensor workspace, dst_hash;
     if (pipelined) {
-      const c10::cuda::CUDAGuard guard(dst_);
       hb = c10::cuda::getStreamFromPool(false, dst_.index());
-      workspace = at::zeros({2}, dst.options().dtype(at::kLong));  // [running sum, unused]; on Sb
-      dst_hash = at::empty({}, workspace.options());
-      order(*sb_, *hb);
+      order(*sb_, *hb);  // after dst and hashes_ (zeroed) were made on Sb
       keep_alive_on(dst, *hb);
-      keep_alive_on(workspace, *hb);
-      keep_alive_on(dst_hash, *hb);
+      keep_alive_on(hashes_, *hb);
     }
+    const uint64_t blocks = pipelined ? beside_copy_blocks(dst_.index()) : 0;
     const c10::cuda::CUDAGuard guard(src_);
     const cudaStream_t sa = sa_->stream();
     uint8_t* d = bytes_of(dst);
     const uint8_t* s = bytes_of(src);
     for_each_chunk(plan, kPipelineChunkBytes, [&](const PlanChunk& c) {
       if (c.zero_fill) C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), sa));
-      if (c.copy_length > 0) {
-        C10_CUDA_CHECK(cudaMemcpyPeerAsync(d + c.copy_dst, dst_.index(), s + c.copy_src, src_.index(),
-                                           size_t(c.copy_length), sa));
+      if (c.copy_length > 0) {  // UVA + peer access: the copy engine moves it directly (capturable)
+        C10_CUDA_CHECK(cudaMemcpyAsync(d + c.copy_dst, s + c.copy_src, size_t(c.copy_length),
+                                       cudaMemcpyDeviceToDevice, sa));
       }
       if (c.flip_byte >= 0) C10_CUDA_CHECK(launch_xor_byte(d + c.flip_byte, plan.flip_mask, sa));
       if (pipelined) {
         order(*sa_, *hb);
         const c10::cuda::CUDAGuard on_b(dst_);
         C10_CUDA_CHECK(launch_pxh64(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin / 8), u64(seed),
-                                    u64_of(workspace), nullptr, nullptr, 0, hb->stream()));
+                                    u64_of(hashes_) + 2, nullptr, nullptr, 0, blocks, hb->stream()));
       }
     });
     order(*sa_, *sb_);  // the copy landed, for Sb
-    if (!pipelined) return at::Tensor();
+    if (!pipelined) return false;
     const c10::cuda::CUDAGuard on_b(dst_);
-    C10_CUDA_CHECK(launch_pxh64_combine(u64_of(workspace), 1, uint64_t(plan.num_bytes), u64(seed), u64_of(dst_hash),
-                                        hb->stream()));
+    C10_CUDA_CHECK(launch_pxh64_combine(u64_of(hashes_) + 2, 1, uint64_t(plan.num_bytes), u64(seed),
+                                        u64_of(hashes_) + 1, hb->stream()));
     order(*hb, *sb_);
-    return dst_hash;
+    return true;
   }
 
   // Direct host <-> device: torch's copy (cudaMemcpyAsync on the device's current stream; it keeps
@@ -477,7 +498,7 @@ class CudaPath final : public TransferPath {
   at::Device src_, dst_;
   bool peer_ = false, sa_capturing_ = false, sb_capturing_ = false;
   c10::optional<CUDAStream> sa_, sb_, hash_stream_;
-  at::Tensor src_hash_on_dst_;
+  at::Tensor hashes_;  // on the destination GPU: [src hash, dst hash, workspace x2]
   int64_t num_bytes_ = 0;
 };
 

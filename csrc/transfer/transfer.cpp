@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -254,6 +255,42 @@ at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
   return attempt(op, src.contiguous(), dst_device, Route::kStaged, Verify::kNone).dst;
 }
 
+// Autograd in C++ (not torch.library.register_autograd): no Python on the path of every copy.
+// Backward moves the gradient back to the source's device through the same kind of verified copy.
+class VerifiedCopyFunction : public torch::autograd::Function<VerifiedCopyFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& src, at::Device device,
+                            const std::string& route, const std::string& verify) {
+    ctx->saved_data["device"] = src.device();
+    ctx->saved_data["route"] = route;
+    ctx->saved_data["verify"] = verify;
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return verified_copy_op(src, device, route, verify);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor grad = verified_copy_op(grads[0], ctx->saved_data["device"].toDevice(),
+                                             ctx->saved_data["route"].toStringRef(),
+                                             ctx->saved_data["verify"].toStringRef());
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static at::Tensor verified_copy_op(const at::Tensor& src, at::Device device, c10::string_view route,
+                                     c10::string_view verify) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("pyxfer::verified_copy", "")
+                               .typed<at::Tensor(const at::Tensor&, at::Device, c10::string_view, c10::string_view)>();
+    return op.call(src, device, route, verify);
+  }
+};
+
+at::Tensor verified_copy_autograd(const at::Tensor& src, at::Device device, c10::string_view route,
+                                  c10::string_view verify) {
+  return VerifiedCopyFunction::apply(src, device, std::string(route), std::string(verify));
+}
+
 }  // namespace
 
 std::string device_name(int64_t code) { return code == kCpuCode ? "cpu" : "cuda:" + std::to_string(code); }
@@ -351,5 +388,7 @@ TORCH_LIBRARY_IMPL(pyxfer, CompositeExplicitAutograd, m) {
   m.impl("verified_copy", &verified_copy_impl);
   m.impl("staged_copy", &staged_copy_impl);
 }
+
+TORCH_LIBRARY_IMPL(pyxfer, Autograd, m) { m.impl("verified_copy", &verified_copy_autograd); }
 
 }  // namespace pyxfer
