@@ -18,20 +18,20 @@ uint64_t* u64_ptr(const at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.da
 // Sum t's logical bytes keyed from `word_offset` into *acc (zeroed here); with `out_hash`, the last
 // block also writes the finalized PXH64 there. Current device and stream.
 void pxh64_launch(const at::Tensor& contiguous, int64_t word_offset, int64_t seed, uint64_t* out_hash,
-                  at::Tensor& workspace, uint64_t max_blocks) {
+                  at::Tensor& workspace) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // workspace: [0] the running sum, [1] the count of finished blocks (the last block finalizes)
   C10_CUDA_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0, workspace.nbytes(), stream));
   uint32_t* blocks_done = out_hash ? reinterpret_cast<uint32_t*>(u64_ptr(workspace) + 1) : nullptr;
   C10_CUDA_CHECK(launch_pxh64(contiguous.data_ptr(), contiguous.nbytes(), u64(word_offset), u64(seed),
-                              u64_ptr(workspace), blocks_done, out_hash, contiguous.nbytes(), max_blocks, stream));
+                              u64_ptr(workspace), blocks_done, out_hash, contiguous.nbytes(), stream));
 }
 
 at::Tensor checksum_cuda(const at::Tensor& t, int64_t seed) {
   check_dense("pyxfer.checksum", "t", t);
   const c10::cuda::CUDAGuard guard(t.device());
   at::Tensor out = at::empty({}, t.options().dtype(at::kLong));
-  pxh64_into(t.contiguous(), seed, u64_ptr(out), 0);  // hash the logical row-major bytes
+  pxh64_into(t.contiguous(), seed, u64_ptr(out));  // hash the logical row-major bytes
   return out;
 }
 
@@ -40,7 +40,7 @@ at::Tensor checksum_partial_cuda(const at::Tensor& t, int64_t word_offset, int64
   check_non_negative("pyxfer.checksum_partial", "word_offset", word_offset);
   const c10::cuda::CUDAGuard guard(t.device());
   at::Tensor sum = at::empty({}, t.options().dtype(at::kLong));  // the partial sum is the result
-  pxh64_launch(t.contiguous(), word_offset, seed, nullptr, sum, 0);
+  pxh64_launch(t.contiguous(), word_offset, seed, nullptr, sum);
   return sum;
 }
 
@@ -57,9 +57,9 @@ at::Tensor checksum_combine_cuda(const at::Tensor& partials, int64_t num_bytes, 
 
 }  // namespace
 
-void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out, uint64_t max_blocks) {
+void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out) {
   at::Tensor workspace = at::empty({2}, t.options().dtype(at::kLong));
-  pxh64_launch(t, 0, seed, out, workspace, max_blocks);
+  pxh64_launch(t, 0, seed, out, workspace);
 }
 
 TORCH_LIBRARY_IMPL(pyxfer, CUDA, m) {

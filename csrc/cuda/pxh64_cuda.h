@@ -8,8 +8,7 @@
 namespace pyxfer {
 
 // *out = PXH64(t's bytes, seed); t must be contiguous; `out` is device memory reachable from t's
-// device. Runs on the current device and stream (the caller guards them). max_blocks caps the grid
-// (0: all resident blocks). No host sync.
-void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out, uint64_t max_blocks);
+// device. Runs on the current device and stream (the caller guards them). No host sync.
+void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out);
 
 }  // namespace pyxfer

@@ -31,11 +31,16 @@ namespace {
 
 using c10::cuda::CUDAStream;
 
-constexpr int64_t kPipelineChunkBytes = int64_t(32) << 20;  // direct GPU->GPU: hash chunk k while k+1 moves
 constexpr int64_t kOverlapBytes = int64_t(4) << 20;  // from here on, hash beside the copy on side streams
-// Hashes beside a copy use a quarter of the device: still several times faster than the link, and
-// they leave most of the memory bandwidth to the copy engine reading or writing the same memory.
-constexpr uint64_t kBesideCopyBlocksPerSm = 1;
+// Pipelined peer copies hash chunk k on the destination while chunk k+1 moves. Chunks are half of
+// what is left (down to kMinChunkBytes): few chunks (each costs a gap in the copy engine's stream)
+// and a small last chunk (the only hash not hidden behind the copy).
+constexpr int64_t kMinChunkBytes = int64_t(8) << 20;
+
+int64_t next_pipeline_end(int64_t begin, int64_t num_bytes) {
+  const int64_t half = ((num_bytes - begin) / 2 + 7) / 8 * 8;
+  return begin + std::max(kMinChunkBytes, half);
+}
 
 // NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
 // stream is the legacy stream (handle 0), which means "the current device's".
@@ -68,12 +73,6 @@ void order(const CUDAStream& before, const CUDAStream& after) {
   }
   const c10::cuda::CUDAGuard guard(after.device_index());
   C10_CUDA_CHECK(cudaStreamWaitEvent(after.stream(), event, 0));
-}
-
-uint64_t beside_copy_blocks(c10::DeviceIndex device) {
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return uint64_t(sms) * kBesideCopyBlocksPerSm;
 }
 
 // The caching allocator must not reuse `t`'s memory before work queued on `stream` finished.
@@ -282,7 +281,7 @@ class CudaPath final : public TransferPath {
     }
     const c10::cuda::CUDAStreamGuard on(*hash_stream_);
     at::Tensor hash = at::empty({}, src.options().dtype(at::kLong));
-    pxh64_into(src, seed, u64_of(hash), beside ? beside_copy_blocks(src_.index()) : 0);
+    pxh64_into(src, seed, u64_of(hash));
     if (dst_.is_cuda()) {  // next to the destination hash, for one comparison there (Sb waits for it)
       C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), hash.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
                                      hash_stream_->stream()));
@@ -304,7 +303,7 @@ class CudaPath final : public TransferPath {
     at::Tensor dst_hash;
     if (hash && dst_.is_cuda()) {
       const c10::cuda::CUDAStreamGuard on(*sb_);
-      if (!hashed) pxh64_into(dst, seed, u64_of(hashes_) + 1, 0);  // on Sb, after the data landed there
+      if (!hashed) pxh64_into(dst, seed, u64_of(hashes_) + 1);  // on Sb, after the data landed there
       dst_hash = hashes_.select(0, 1);
     } else if (hash) {
       dst_hash = checksum_op(dst, seed);
@@ -368,12 +367,13 @@ class CudaPath final : public TransferPath {
       keep_alive_on(dst, *hb);
       keep_alive_on(hashes_, *hb);
     }
-    const uint64_t blocks = pipelined ? beside_copy_blocks(dst_.index()) : 0;
     const c10::cuda::CUDAGuard guard(src_);
     const cudaStream_t sa = sa_->stream();
     uint8_t* d = bytes_of(dst);
     const uint8_t* s = bytes_of(src);
-    for_each_chunk(plan, kPipelineChunkBytes, [&](const PlanChunk& c) {
+    const int64_t n = plan.num_bytes;
+    const auto next_end = [&](int64_t begin) { return pipelined ? next_pipeline_end(begin, n) : n; };
+    for_each_range(plan, next_end, [&](const PlanChunk& c) {
       if (c.zero_fill) C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), sa));
       if (c.copy_length > 0) {  // UVA + peer access: the copy engine moves it directly (capturable)
         C10_CUDA_CHECK(cudaMemcpyAsync(d + c.copy_dst, s + c.copy_src, size_t(c.copy_length),
@@ -384,7 +384,7 @@ class CudaPath final : public TransferPath {
         order(*sa_, *hb);
         const c10::cuda::CUDAGuard on_b(dst_);
         C10_CUDA_CHECK(launch_pxh64(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin / 8), u64(seed),
-                                    u64_of(hashes_) + 2, nullptr, nullptr, 0, blocks, hb->stream()));
+                                    u64_of(hashes_) + 2, nullptr, nullptr, 0, hb->stream()));
       }
     });
     order(*sa_, *sb_);  // the copy landed, for Sb

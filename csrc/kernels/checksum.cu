@@ -137,7 +137,7 @@ uint64_t max_resident_blocks() {
 
 cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed,
                          uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash,
-                         uint64_t hash_bytes, uint64_t max_blocks, cudaStream_t stream) {
+                         uint64_t hash_bytes, cudaStream_t stream) {
   Plan plan{static_cast<const uint8_t*>(data), num_bytes, word_offset, seed, 0, 0, 0, 0};
   plan.num_words = (num_bytes + 7) / 8;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
@@ -149,8 +149,7 @@ cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_off
   const uint64_t work = plan.num_vectors / kUnroll + (plan.num_words - plan.tail_begin);
   uint64_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  const uint64_t resident = max_resident_blocks();
-  if (max_blocks == 0 || max_blocks > resident) max_blocks = resident;
+  const uint64_t max_blocks = max_resident_blocks();
   if (blocks > max_blocks) blocks = max_blocks;
   pxh64_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
       plan, reinterpret_cast<unsigned long long*>(acc), blocks_done, out_hash, hash_bytes);

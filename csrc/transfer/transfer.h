@@ -43,11 +43,12 @@ struct PlanChunk {
   bool zero_fill;
   int64_t flip_byte;  // inside [begin, end), or -1
 };
-// Calls fn(PlanChunk) for consecutive destination chunks of `chunk_bytes` (a multiple of 8).
-template <typename Fn>
-void for_each_chunk(const CopyPlan& plan, int64_t chunk_bytes, const Fn& fn) {
-  for (int64_t begin = 0; begin < plan.num_bytes; begin += chunk_bytes) {
-    const int64_t end = std::min(plan.num_bytes, begin + chunk_bytes);
+// Calls fn(PlanChunk) for consecutive destination chunks [begin, next_end(begin)); every end but the
+// last must be a multiple of 8 (PXH64 chunks compose on word boundaries).
+template <typename NextEnd, typename Fn>
+void for_each_range(const CopyPlan& plan, const NextEnd& next_end, const Fn& fn) {
+  for (int64_t begin = 0; begin < plan.num_bytes;) {
+    const int64_t end = std::min(plan.num_bytes, next_end(begin));
     const int64_t lo = std::max(begin, plan.dst_offset), hi = std::min(end, plan.dst_offset + plan.length);
     PlanChunk c{begin, end, 0, 0, 0, plan.zero_fill, -1};
     if (!plan.zero_fill && lo < hi) {
@@ -57,7 +58,14 @@ void for_each_chunk(const CopyPlan& plan, int64_t chunk_bytes, const Fn& fn) {
     }
     if (plan.flip_byte >= begin && plan.flip_byte < end) c.flip_byte = plan.flip_byte;
     fn(c);
+    begin = end;
   }
+}
+
+// Chunks of a fixed size (a multiple of 8).
+template <typename Fn>
+void for_each_chunk(const CopyPlan& plan, int64_t chunk_bytes, const Fn& fn) {
+  for_each_range(plan, [&](int64_t begin) { return begin + chunk_bytes; }, fn);
 }
 
 // The mechanics of one copy from the source tensor's device to a destination device, for one call:

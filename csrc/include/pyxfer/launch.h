@@ -12,12 +12,11 @@ namespace pyxfer {
 // range is keyed as absolute word `word_offset + j`. `data` may have any alignment.
 // If `out_hash` is not null, the last block to finish also writes
 // finalize(*acc, hash_bytes, seed) to *out_hash; then *acc and *blocks_done must start at zero and
-// belong to this launch alone. `max_blocks` caps the grid (0: every block that fits on the device at
-// once; a cap leaves memory bandwidth to a copy running beside the hash).
+// belong to this launch alone.
 // Runs on the current device, which must be the one holding `data`.
 cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed,
                          uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash,
-                         uint64_t hash_bytes, uint64_t max_blocks, cudaStream_t stream);
+                         uint64_t hash_bytes, cudaStream_t stream);
 
 // *out_hash = finalize(sum of partials[0, num_partials), num_bytes, seed). One tiny launch.
 cudaError_t launch_pxh64_combine(const uint64_t* partials, int64_t num_partials,
