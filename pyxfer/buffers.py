@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from ._devices import as_device
 from .ops import check_tensor
 
 __all__ = ["SubviewSpec", "PackedBuffer", "CopyHandle", "pack", "capture_subviews", "restore_subviews"]
@@ -195,12 +196,6 @@ def _common_device(fn: str, tensors) -> torch.device:
     return tensors[0].device if tensors else torch.device("cpu")
 
 
-def _resolve_device(device) -> torch.device:
-    """``device`` as a torch.device with its index (``"cuda"`` means the current CUDA device)."""
-    device = torch.device(device)
-    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None else device
-
-
 def _storage_bytes(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Bytes [start, stop) of ``t``'s storage as a 1-D uint8 tensor (a view, no copy)."""
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage(), start, (stop - start,), (1,))
@@ -284,7 +279,9 @@ def pack(tensors, *, alignment: int = 256, device=None) -> "PackedBuffer":
             byte_offset = span.offset + t.storage_offset() * t.element_size() - span.lo
             specs[i] = dataclasses.replace(spec, byte_offset=byte_offset)
     packed = PackedBuffer(data, specs)
-    return packed if device is None or _resolve_device(device) == src_device else packed.to(device)
+    if device is None or as_device("pyxfer.buffers.pack", "device", device) == src_device:
+        return packed
+    return packed.to(device)
 
 
 _copy_streams = {}  # CUDA device index -> the default side stream for offload/reload copies
