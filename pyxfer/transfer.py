@@ -95,7 +95,7 @@ def check_transfers() -> None:
     if not record:
         return
     count, src, dst, num_bytes, src_hash, dst_hash = record
-    health.mark(src if src >= 0 else "cpu", dst if dst >= 0 else "cpu", "corrupt")
+    health.mark(device_name(src), device_name(dst), "corrupt")
     mask = (1 << 64) - 1
     src_hash, dst_hash = src_hash & mask, dst_hash & mask
     raise TransferError(
