@@ -162,9 +162,9 @@ def test_health_registry_is_thread_safe_under_concurrent_copies(gen):
             pyxfer.health.reset()
 
     threads = [threading.Thread(target=copier, args=(i,)) for i in range(6)] + [threading.Thread(target=flipper)]
-    for t in threads:
-        t.start()
-    with inject_fault("bitflip", path="direct", times=25) as fault:
+    with inject_fault("bitflip", path="direct", times=25) as fault:  # armed before any copy can finish
+        for t in threads:
+            t.start()
         for t in threads[:-1]:
             t.join()
     stop.set()
