@@ -45,6 +45,31 @@ TORCH_LIBRARY(pyxfer, m) {
   // The first mismatch latched by deferred copies since the last call, after waiting for the
   // devices that ran them: [count, src, dst, num_bytes, src_hash, dst_hash], or [] if none.
   m.def("take_transfer_errors() -> int[]", &pyxfer::take_transfer_errors_op);
+
+  // Quantized formats (csrc/include/pyxfer/formats.h; layouts as Transformer Engine's, see
+  // shared/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each
+  // quantize op returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv),
+  // a 0-element tensor for a usage not asked for; data is uint8 bytes, scale padding is zero.
+  // FP8 block scaling, 1x128 (block_dim=1) or 128x128 (block_dim=2), any M and K (partial blocks).
+  m.def("quantize_fp8_block(Tensor x, int block_dim, bool rowwise, bool columnwise, ScalarType fp8_dtype, "
+        "bool pow2_scales, float amax_epsilon) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Decode stored FP8-block data (rowwise: logical shape; columnwise: (K, d0, ...)) to out_dtype,
+  // in the logical shape.
+  m.def("dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_dim, bool columnwise, ScalarType fp8_dtype, "
+        "ScalarType out_dtype) -> Tensor");
+  // MXFP8: 1x32 (rowwise) / 32x1 (columnwise, not transposed) blocks, E8M0 scales (TE's round-up
+  // rule), compact layout. M and K multiples of 32.
+  m.def("quantize_mxfp8(Tensor x, bool rowwise, bool columnwise, ScalarType fp8_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("dequantize_mxfp8(Tensor data, Tensor scale_inv, bool columnwise, ScalarType fp8_dtype, "
+        "ScalarType out_dtype) -> Tensor");
+  // NVFP4: E2M1 pairs (even element in the low nibble), 1x16 blocks with E4M3 scales under the
+  // per-tensor global_amax (fp32, one element); columnwise data transposed to [K, M/2].
+  // M and K multiples of 16.
+  m.def("quantize_nvfp4(Tensor x, Tensor global_amax, bool rowwise, bool columnwise) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Rowwise data (..., K/2) decodes to (..., K); columnwise data [K, M/2] decodes to [M, K].
+  m.def("dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, bool columnwise, ScalarType out_dtype) -> Tensor");
+  // out[b, a, ...] = src[a, b, ...]: rank-major gathered buffers to the layout the format needs.
+  m.def("swap_first_dims(Tensor src) -> Tensor");
 }
 
 // `import pyxfer._C` runs the static registrations above; the module itself is empty.

@@ -7,17 +7,19 @@ import torch  # noqa: F401  (the native module needs torch's libraries loaded fi
 
 from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
 from . import _fake  # noqa: F401  (fakes for torch.compile / FakeTensor)
-from . import buffers, health, testing
+from . import buffers, formats, health, testing
 from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
+from .formats import QuantizeSpec, QuantizedTensor, quantize
 from .ops import build_info, checksum
 from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PackedBuffer", "SubviewSpec", "TransferError", "__version__", "build_info", "buffers", "capture_subviews",
-    "check_transfers", "checksum", "configure_staging", "health", "pack", "restore_subviews", "staged_copy",
-    "testing", "verified_copy",
+    "__version__", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum",
+    "configure_staging", "formats", "health", "pack", "PackedBuffer", "quantize", "QuantizedTensor",
+    "QuantizeSpec", "restore_subviews", "staged_copy", "SubviewSpec", "testing", "TransferError",
+    "verified_copy",
 ]
 
 testing._install_from_env()

@@ -2,6 +2,8 @@
 Shapes, dtypes and devices only; the schemas live in csrc/torch_bindings.cpp."""
 import torch
 
+from .formats import buffer_layout
+
 
 @torch.library.register_fake("pyxfer::checksum")
 def _checksum_fake(t, seed=0):
@@ -26,3 +28,47 @@ def _verified_copy_fake(src, device, route="auto", verify="sync"):
 @torch.library.register_fake("pyxfer::staged_copy")
 def _staged_copy_fake(src, device):
     return torch.empty(src.shape, dtype=src.dtype, device=device)
+
+
+def _quantized_fakes(x, fmt, rowwise, columnwise):
+    layout = buffer_layout(fmt, x.shape, rowwise=rowwise, columnwise=columnwise)
+    names = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
+    return tuple(x.new_empty(layout[n][0], dtype=layout[n][1]) if n in layout else x.new_empty((0,), dtype=torch.uint8)
+                 for n in names)
+
+
+@torch.library.register_fake("pyxfer::quantize_fp8_block")
+def _quantize_fp8_block_fake(x, block_dim, rowwise, columnwise, fp8_dtype, pow2_scales, amax_epsilon):
+    return _quantized_fakes(x, "fp8_block_1x128" if block_dim == 1 else "fp8_block_128x128", rowwise, columnwise)
+
+
+@torch.library.register_fake("pyxfer::quantize_mxfp8")
+def _quantize_mxfp8_fake(x, rowwise, columnwise, fp8_dtype):
+    return _quantized_fakes(x, "mxfp8", rowwise, columnwise)
+
+
+@torch.library.register_fake("pyxfer::quantize_nvfp4")
+def _quantize_nvfp4_fake(x, global_amax, rowwise, columnwise):
+    return _quantized_fakes(x, "nvfp4", rowwise, columnwise)
+
+
+@torch.library.register_fake("pyxfer::dequantize_fp8_block")
+def _dequantize_fp8_block_fake(data, scale_inv, block_dim, columnwise, fp8_dtype, out_dtype):
+    shape = (*data.shape[1:], data.shape[0]) if columnwise else data.shape
+    return data.new_empty(shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("pyxfer::dequantize_mxfp8")
+def _dequantize_mxfp8_fake(data, scale_inv, columnwise, fp8_dtype, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("pyxfer::dequantize_nvfp4")
+def _dequantize_nvfp4_fake(data, scale_inv, amax, columnwise, out_dtype):
+    shape = (data.shape[1] * 2, data.shape[0]) if columnwise else (*data.shape[:-1], data.shape[-1] * 2)
+    return data.new_empty(shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("pyxfer::swap_first_dims")
+def _swap_first_dims_fake(src):
+    return src.new_empty((src.shape[1], src.shape[0], *src.shape[2:]))

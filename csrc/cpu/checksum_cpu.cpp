@@ -1,14 +1,12 @@
 // PXH64 on the CPU: the reference implementation, split over threads for large inputs.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 #include "checks.h"
+#include "cpu/parallel.h"
 #include "pyxfer/pxh64.h"
 
 namespace pyxfer {
@@ -18,32 +16,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "PXH64 words are read a
 
 constexpr int64_t kMinWordsPerThread = int64_t(1) << 19;  // 4 MiB: below that a thread costs more than it saves
 
-// Sum of sum_range(begin, end) over [0, num_words), split over up to at::get_num_threads() threads.
-// NOTE: not at::parallel_reduce: ATen's OpenMP backend is inline in its headers, so in an extension
-// built without -fopenmp it runs serially (and a second OpenMP runtime beside torch's is worse).
-template <typename SumRange>
-uint64_t parallel_sum(int64_t num_words, const SumRange& sum_range) {
-  const int64_t num_threads = std::min<int64_t>(at::get_num_threads(), num_words / kMinWordsPerThread);
-  if (num_threads <= 1) return sum_range(0, num_words);
-  std::vector<uint64_t> sums(num_threads, 0);
-  std::vector<std::thread> workers;
-  const int64_t per_thread = (num_words + num_threads - 1) / num_threads;
-  for (int64_t i = 1; i < num_threads; ++i) {
-    workers.emplace_back([&, i] { sums[i] = sum_range(i * per_thread, std::min(num_words, (i + 1) * per_thread)); });
-  }
-  sums[0] = sum_range(0, per_thread);
-  uint64_t total = 0;
-  for (int64_t i = 0; i < num_threads; ++i) {
-    if (i > 0) workers[i - 1].join();
-    total += sums[i];
-  }
-  return total;
-}
-
 // Unfinalized sum of the words of data[0, num_bytes), keyed from absolute word `word_offset`.
 uint64_t partial_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed) {
   const int64_t full_words = static_cast<int64_t>(num_bytes / pxh64::kWordBytes);
-  uint64_t sum = parallel_sum(full_words, [&](int64_t begin, int64_t end) {
+  uint64_t sum = parallel_sum(full_words, kMinWordsPerThread, [&](int64_t begin, int64_t end) {
     uint64_t s = 0, key = pxh64::key(seed, word_offset + begin);
     for (int64_t j = begin; j < end; ++j, key += pxh64::kK) {
       uint64_t w;

@@ -10,11 +10,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define PYXFER_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PYXFER_HOST_DEVICE inline
-#endif
+#include "pyxfer/host_device.h"
 
 namespace pyxfer {
 namespace pxh64 {
