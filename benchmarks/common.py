@@ -1,5 +1,7 @@
 """Timing helpers shared by the benchmarks: CUDA events, warm-up, median of many, JSON output."""
 import json
+import os
+import platform
 import statistics
 import time
 
@@ -13,6 +15,11 @@ def fmt_size(n):
         if n >= div:
             return f"{n / div:g} {unit}"
     return f"{n} B"
+
+
+def fmt_gbps(v):
+    """A rate in GB/s for a table: whole numbers from 10 up, 2 decimals below, "-" for None."""
+    return "-" if v is None else f"{v:.0f}" if v >= 10 else f"{v:.2f}"
 
 
 def cuda_time_ms(fn, inputs, *, warmup=3, reps=20, device=None):
@@ -55,7 +62,32 @@ def print_table(title, columns, rows):
     print()
 
 
+def print_targets(targets):
+    """Print target dicts ({"target", "measured", "result"}) as PASS/MISS lines, then a blank line."""
+    width = max((len(str(t["measured"])) for t in targets), default=0)
+    for t in targets:
+        print(f"  {t['result']:>12}  {str(t['measured']):>{width}}  {t['target']}")
+    print()
+
+
 def write_json(path, payload):
     if path:
         with open(path, "w") as f:
             json.dump(payload, f, indent=2)
+
+
+def machine_info():
+    """Machine and versions for a benchmark's JSON: host, Python, torch, CUDA, NCCL, driver, GPUs, pyxfer
+    build, CPU threads and the NCCL / multicast environment variables in effect."""
+    import pyxfer
+    from pyxfer.cli import driver_version, gpus
+    nccl = None
+    if torch.cuda.is_available():
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "nccl": nccl, "driver": driver_version(),
+            "gpus": gpus(), "pyxfer": pyxfer.__version__, "build": pyxfer.build_info(),
+            "threads": torch.get_num_threads(),
+            "env": {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "CUDA_VISIBLE", "PYXFER_"))}}

@@ -3,6 +3,9 @@
 # benchmarks, and print a short summary table last. Results (logs, JSON) go to $OUT (default ./gpu-check-out).
 #   bash benchmarks/gpu_check.sh            # everything
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
+# Environment: PYXFER_STEPS (default "build doctor tests benchmarks summary"), PYXFER_TESTS (pytest
+# arguments, default "tests"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
+# PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -18,14 +21,17 @@ if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr
 if [ -n "${PYXFER_CXX:-}" ]; then export CXX=$PYXFER_CXX; elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 
 step() { echo; echo "=== $1"; }
+wants() { [[ " ${PYXFER_STEPS:-build doctor tests benchmarks summary} " == *" $1 "* ]]; }
 status=0
 
-step "build (PYXFER_CUDA_ARCHS=${PYXFER_CUDA_ARCHS:-default})"
-start=$(date +%s)
-if ! PYXFER_WITH_CUDA=1 $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+if wants build; then
+  step "build (PYXFER_CUDA_ARCHS=${PYXFER_CUDA_ARCHS:-default})"
+  start=$(date +%s)
+  if ! PYXFER_WITH_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+    grep -n -B2 -A8 "error" "$OUT/build.log" | head -80; tail -20 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+  fi
+  echo "built in $(( $(date +%s) - start )) s"
 fi
-echo "built in $(( $(date +%s) - start )) s"
 # smoke test in a child process: an error message and a str result cross into torch (a broken
 # toolchain crashes exactly there)
 if ! $PY -c "import torch, pyxfer
@@ -38,20 +44,28 @@ except RuntimeError:
 fi
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 
-step "doctor"
-$PY -m pyxfer doctor || status=1
-$PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
+if wants doctor; then
+  step "doctor"
+  $PY -m pyxfer doctor || status=1
+  $PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
+fi
 
-step "tests"
-timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TESTS:-tests} \
-  --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if wants tests; then
+  step "tests"
+  timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TESTS:-tests} \
+    --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
-step "benchmarks"
-for b in ${PYXFER_BENCHMARKS-checksum transfer buffers}; do
-  $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" || status=1
-done
+if wants benchmarks; then
+  step "benchmarks"
+  for b in ${PYXFER_BENCHMARKS-checksum transfer buffers formats gather}; do
+    $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log" || status=1
+  done
+fi
 
-step "summary"
-$PY benchmarks/summary.py "$OUT" || status=1
+if wants summary; then
+  step "summary"
+  $PY benchmarks/summary.py "$OUT" || status=1
+fi
 exit $status

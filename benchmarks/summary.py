@@ -38,6 +38,18 @@ if b.exists():
             ratio = row["offload_gbps"] / row["d2h_copy_gbps"]
             rows.append((f"buffers offload {row['bytes'] >> 20} MiB", f"{row['offload_gbps']:.1f} GB/s = {ratio:.0%} "
                          f"of one D2H copy_ ({row['d2h_copy_gbps']:.1f} GB/s); target >= 80%"))
+b = out / "bench_formats.json"
+if b.exists():
+    r = json.loads(b.read_text())
+    for t in r.get("targets", []):
+        rows.append((f"formats: {t['target']}", f"{t['measured']}  {t['result']}"))
+for name in ("gather", "scale"):
+    b = out / f"bench_{name}.json"
+    if b.exists():
+        for t in json.loads(b.read_text()).get("targets", []):
+            if name == "scale" and t["target"].startswith("W=2:") and (out / "bench_gather.json").exists():
+                continue  # scale.py (issue 6) repeats gather.py's 2-rank measurement; its W=4, W=8 rows stay
+            rows.append((f"{name}: {t['target']}", f"{t['measured']}  {t['result']}"))
 width = max(len(k) for k, _ in rows) if rows else 0
 print("SUMMARY")
 for k, v in rows:

@@ -64,3 +64,76 @@ def check_agreement(device, seed=0):
     a, b = checksum(view), checksum(on_device[: 255 * 4099].view(255, 4099)[:, 3::7])
     results.append(("strided 2-D view", a == b, a, b))
     return results
+
+
+# ---- quantized formats: worked values of shared/specs/quantized-formats.md §8 (name, fmt, input
+# builder, options, {buffer: expected leading bytes / values})
+def _mxfp8_block():
+    x = torch.zeros(32, 32)
+    x[0, :8] = torch.tensor([1000.0, -1.0, 0.3, 250.0, -0.001, 7.0, -448.0, 3.0e-5])
+    return x
+
+
+def _fp8_block_row():
+    return ((torch.arange(128, dtype=torch.float32) - 64) / 16).reshape(1, 128)
+
+
+def _nvfp4_row():
+    row = [0, 0.1, -0.2, 0.3, 0.5, -0.75, 1.0, 1.25, -1.5, 0.05, 0.9, -1.1, 0.6, 0, 0.4, 1.4,
+           10, -5, 2.5, 0, 7.5, -10, 3.3, 1.0, -0.4, 6.0, 8.75, -2.0, 0.2, 4.4, -9.0, 5.5]
+    x = torch.zeros(16, 32)
+    x[0] = torch.tensor(row)
+    return x
+
+
+FORMAT_VECTORS = [
+    ("MXFP8 E4M3 block (§8.1)", "mxfp8", _mxfp8_block, {},
+     {"rowwise_data": [0x78, 0xA8, 0x1A, 0x68, 0x80, 0x3E, 0xEE, 0x00], "rowwise_scale_inv": [0x81]}),
+    ("MXFP8 E5M2 block (§8.1)", "mxfp8", _mxfp8_block, {"fp8_dtype": torch.float8_e5m2},
+     {"rowwise_data": [0x78, 0xD0, 0x49, 0x70, 0xA8, 0x5B, 0xF3, 0x14], "rowwise_scale_inv": [0x7A]}),
+    ("FP8 1x128 pow2 scales (§8.3)", "fp8_block_1x128", _fp8_block_row, {},
+     {"rowwise_data@0,1,33,63,64,65,100,127": [0xF8, 0xF8, 0xF0, 0xC8, 0x00, 0x48, 0x71, 0x78],
+      "rowwise_scale_inv": [0.015625]}),
+    ("FP8 1x128 fp32 scales (§8.3)", "fp8_block_1x128", _fp8_block_row, {"pow2_scales": False},
+     {"rowwise_data@0,1,33,63,64,65,100,127": [0xFE, 0xFE, 0xF6, 0xCE, 0x00, 0x4E, 0x78, 0x7E],
+      "rowwise_scale_inv": [0.008928571827709675]}),  # fp32 bits 3c124925
+    ("NVFP4, global amax 10 (§8.4)", "nvfp4", _nvfp4_row, {"global_amax": 10.0},
+     {"rowwise_data": [0x10, 0x3A, 0xD4, 0x76, 0x0F, 0xE6, 0x05, 0x73, 0xD7, 0x03, 0xF6, 0x14, 0x68, 0xA7, 0x50, 0x5F],
+      "rowwise_scale_inv": [0x68, 0x7E]}),
+]
+
+
+def check_format_vectors(device="cpu"):
+    """[(description, ok, got, expected)] for the spec's worked quantization values on `device`."""
+    from .formats import quantize
+
+    results = []
+    for name, fmt, build, options, expected in FORMAT_VECTORS:
+        qt = quantize(build().to(device), fmt, **options)
+        got = {}
+        for key, want in expected.items():
+            buffer, _, at = key.partition("@")
+            flat = getattr(qt, buffer).reshape(-1).cpu()
+            picked = flat[[int(i) for i in at.split(",")]] if at else flat[: len(want)]
+            got[key] = picked.tolist()
+        results.append((name, got == expected, got, expected))
+    return results
+
+
+def check_format_agreement(device, seed=0):
+    """[(case, ok, detail)]: every format and usage quantized from the same random bf16 data on the
+    CPU and on `device` gives identical buffers, and identical dequantized values."""
+    from .formats import FORMATS, quantize
+
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(256, 384, generator=gen) * torch.logspace(-3, 3, 384)).to(torch.bfloat16)
+    results = []
+    for fmt in FORMATS:
+        a = quantize(x, fmt, rowwise=True, columnwise=True)
+        b = quantize(x.to(device), fmt, rowwise=True, columnwise=True)
+        bad = [name for name, buf in a.buffers().items() if not torch.equal(buf, b.buffers()[name].cpu())]
+        for usage in ("rowwise", "columnwise"):
+            if not torch.equal(a.dequantize(usage=usage), b.dequantize(usage=usage).cpu()):
+                bad.append(f"dequantize({usage})")
+        results.append((fmt, not bad, ", ".join(bad)))
+    return results

@@ -86,6 +86,22 @@ def _agreement_check(device):
     return (FAIL, "; ".join(bad[:5])) if bad else (OK, f"{len(results)} random buffers (every alignment mod 16) agree")
 
 
+def _format_vector_check(device):
+    from ._selftest import check_format_vectors
+
+    results = check_format_vectors(device)
+    bad = [f"{name}: got {got}, expected {exp}" for name, ok, got, exp in results if not ok]
+    return (FAIL, "; ".join(bad)) if bad else (OK, f"{len(results)} worked examples of the spec match")
+
+
+def _format_agreement_check(device):
+    from ._selftest import check_format_agreement
+
+    results = check_format_agreement(device)
+    bad = [f"{fmt}: {detail} differ" for fmt, ok, detail in results if not ok]
+    return (FAIL, "; ".join(bad)) if bad else (OK, f"{len(results)} formats x both usages bit-identical")
+
+
 def _transfer_check(src, dst, num_bytes=16 << 20):
     """A verified copy src -> dst on fresh data, then one with a bit flipped on the direct path:
     the flip must be detected and repaired through the staged path. The pair's health is restored."""
@@ -159,6 +175,7 @@ def doctor(report: Report):
 
     report.check("CUDA build", cuda_build)
     report.check("checksum vectors on cpu", lambda: _vector_check("cpu"))
+    report.check("formats reference values on cpu", lambda: _format_vector_check("cpu"))
     report.check("transfer cpu -> cpu", lambda: _transfer_check("cpu", "cpu", 4 << 20))
     if devices and info["cuda"]:
         for gpu in devices:
@@ -166,6 +183,8 @@ def doctor(report: Report):
             report.check(f"architecture of {dev}", lambda gpu=gpu: _arch_check(info, gpu))
             report.check(f"checksum vectors on {dev}", lambda dev=dev: _vector_check(dev))
             report.check(f"checksum cpu == {dev}", lambda dev=dev: _agreement_check(dev))
+            report.check(f"formats reference values on {dev}", lambda dev=dev: _format_vector_check(dev))
+            report.check(f"formats cpu == {dev}", lambda dev=dev: _format_agreement_check(dev))
             report.check(f"transfer cpu -> {dev}", lambda dev=dev: _transfer_check("cpu", dev))
             report.check(f"transfer {dev} -> cpu", lambda dev=dev: _transfer_check(dev, "cpu"))
         for a in devices:

@@ -1,0 +1,807 @@
+// Quantize / dequantize kernels of the quantized formats (FP8 block 1x128 and 128x128, MXFP8, NVFP4)
+// and swap_first_dims. Torch-free; every conversion and scale rule comes from pyxfer/formats.h, so the
+// results are bit-identical to the CPU reference (csrc/cpu/formats_cpu.cpp).
+//
+// Quantize: one CTA (256 threads) per 128x128 tile of the [M, K] input, read once with 16-byte loads
+// into registers (64 values per thread), producing the rowwise and the columnwise outputs in the same
+// pass. Thread layout of a tile: warp w owns rows [16w, 16w+16); a 16-byte vector holds V = 4 (fp32)
+// or 8 (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
+// rows [16w, 16w+8) and [16w+8, 16w+16). Each thread therefore holds NI = 64/V consecutive rows of V
+// consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
+// over NI rows in registers and then over row groups through shared memory. Transposed columnwise
+// outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced rows.
+//
+// Dequantize: row-major data decodes with 16 elements per thread (16-byte or 8-byte loads, 16-byte
+// stores); transposed data (FP8-block and NVFP4 columnwise) goes through a 128x128 shared tile.
+//
+// NOTE: every product that formats.h rounds on its own goes through fmt::mul_rn (no FMA contraction).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "pyxfer/formats.h"
+#include "pyxfer/formats_launch.h"
+
+namespace pyxfer {
+namespace {
+
+using fmt::Fp8Kind;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 128;  // quantize / transposed-dequantize tiles are 128 x 128 elements
+
+// ---------------------------------------------------------------------------------------------------
+// High-precision element types: raw bits travel in 16-byte vectors (uint4).
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+struct F32 {
+  using Raw = float;
+  static constexpr int kVec = 4;  // elements per 16 bytes
+  __device__ static float get(const uint4& v, int j) { return __uint_as_float(word_of(v, j)); }
+  __device__ static uint32_t raw_bits(const void* p, int64_t i) {
+    return __float_as_uint(static_cast<const float*>(p)[i]);
+  }
+};
+
+struct Bf16 {
+  static constexpr int kVec = 8;
+  __device__ static float from_bits(uint32_t b) { return __uint_as_float(b << 16); }
+  __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
+  __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
+  __device__ static uint16_t to_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+
+struct F16 {
+  static constexpr int kVec = 8;
+  __device__ static float from_bits(uint32_t b) { return __half2float(__ushort_as_half(static_cast<unsigned short>(b))); }
+  __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
+  __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
+  __device__ static uint16_t to_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+
+// The 16-byte vector of row `row`, columns [col, col + V) of x [m, k]; zeros outside the matrix.
+// kVecOk: x is 16-byte aligned and k % V == 0, so a vector is either fully inside or fully outside.
+template <typename In, bool kVecOk>
+__device__ __forceinline__ uint4 load_vector(const void* x, int64_t row, int64_t col, int64_t m, int64_t k) {
+  constexpr int V = In::kVec;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (row >= m) return v;
+  if (kVecOk) {
+    if (col < k) v = __ldcs(reinterpret_cast<const uint4*>(static_cast<const char*>(x) + (row * k + col) * (16 / V)));
+    return v;
+  }
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    if (col + j < k) {
+      const uint32_t bits = In::raw_bits(x, row * k + col + j);
+      if (V == 4) w[j & 3] = bits;
+      else w[(j >> 1) & 3] |= bits << (16 * (j & 1));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Quantize.
+
+enum class QFmt { kFp8Block1d, kFp8Block2d, kMxfp8, kNvfp4 };
+
+struct QuantParams {
+  const void* x;
+  int64_t m, k, tiles_k;
+  Fp8Kind kind;
+  bool pow2;
+  float epsilon, max_finite, fp8_max;
+  const float* global_amax;  // NVFP4
+  uint8_t* row_data;
+  void* row_scale;
+  int64_t row_scale_cols;
+  uint8_t* col_data;
+  void* col_scale;
+  int64_t col_scale_cols;
+};
+
+__device__ __forceinline__ float shfl_max(float v, int offset) {
+  return fmt::max_f(v, __shfl_xor_sync(0xffffffffu, v, offset));
+}
+
+// Word swizzle of the transposed byte tile: tile row c (a column of x) keeps its words XOR-permuted so
+// that the lanes of a warp, which write different rows at the same word, hit different banks.
+template <int kWords>
+__device__ __forceinline__ int swizzle(int c) { return (c >> 2) & (kWords - 1); }
+
+// Stores V bytes (V = 4 or 8) of row-major byte data at dst[offset]; `vec` when offset % V == 0.
+template <int V>
+__device__ __forceinline__ void store_bytes(uint8_t* dst, int64_t offset, const uint8_t (&b)[V], int valid, bool vec) {
+  if (vec && valid == V) {
+    if (V == 4) {
+      *reinterpret_cast<uint32_t*>(dst + offset) = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+    } else {
+      uint2 w;
+      w.x = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+      w.y = uint32_t(b[4 % V]) | uint32_t(b[5 % V]) << 8 | uint32_t(b[6 % V]) << 16 | uint32_t(b[7 % V]) << 24;
+      *reinterpret_cast<uint2*>(dst + offset) = w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    if (j < valid) dst[offset + j] = b[j];
+}
+
+template <QFmt F, typename In, bool kVecOk>
+__global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantParams p) {
+  constexpr int V = In::kVec;
+  constexpr int kLanesPerRow = kTile / V;  // 32 or 16
+  constexpr int kGroupsPerWarp = 32 / kLanesPerRow;
+  constexpr int NI = 16 / kGroupsPerWarp;  // consecutive rows per thread: 16 or 8
+  constexpr int kGroups = kTile / NI;      // row groups per tile: 8 or 16
+  constexpr bool kFp8Block = F == QFmt::kFp8Block1d || F == QFmt::kFp8Block2d;
+  constexpr int kBlock = F == QFmt::kMxfp8 ? fmt::kMxfp8BlockLen : (F == QFmt::kNvfp4 ? fmt::kNvfp4BlockLen : kTile);
+  constexpr int kOutWords = F == QFmt::kNvfp4 ? 16 : 32;  // words per row of the transposed tile
+
+  __shared__ __align__(16) float col_part[kGroups][kTile];
+  __shared__ uint32_t out_tile[kTile * kOutWords];
+  __shared__ float warp_amax[kWarps];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = warp * 16 + (lane / kLanesPerRow) * NI;  // first tile row of this thread
+  const int col0 = (lane % kLanesPerRow) * V;               // first tile column of this thread
+  const int64_t mt = blockIdx.x / p.tiles_k, kt = blockIdx.x % p.tiles_k;
+  const int64_t m0 = mt * kTile, k0 = kt * kTile;
+  const int64_t gc = k0 + col0;  // first global column of this thread
+  const int col_valid = gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
+  const bool rowwise = p.row_data != nullptr, columnwise = p.col_data != nullptr;
+
+  float v[NI][V];
+  {
+    uint4 raw[NI];
+#pragma unroll
+    for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + i, gc, p.m, p.k);
+#pragma unroll
+    for (int i = 0; i < NI; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[i][j] = In::get(raw[i], j);
+  }
+
+  // Column amax over this thread's NI rows (zeros outside the matrix do not change an amax).
+  float cpart[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    cpart[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) cpart[j] = fmt::max_f(cpart[j], fmt::abs_f(v[i][j]));
+  }
+  if (F == QFmt::kFp8Block2d) {
+    float a = cpart[0];
+#pragma unroll
+    for (int j = 1; j < V; ++j) a = fmt::max_f(a, cpart[j]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) a = shfl_max(a, offset);
+    if (lane == 0) warp_amax[warp] = a;
+  } else if (columnwise) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      *reinterpret_cast<float4*>(&col_part[row0 / NI][col0 + j]) = make_float4(cpart[j], cpart[j + 1], cpart[j + 2], cpart[j + 3]);
+  }
+  __syncthreads();
+
+  float tile_scale = 1.0f;
+  if (F == QFmt::kFp8Block2d) {
+    float a = warp_amax[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) a = fmt::max_f(a, warp_amax[w]);
+    tile_scale = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
+    if (threadIdx.x == 0) {
+      const float inv = 1.0f / tile_scale;  // 2-D: fp32 division (as TE's 128x128 kernel)
+      if (rowwise) static_cast<float*>(p.row_scale)[mt * p.row_scale_cols + kt] = inv;
+      if (columnwise) static_cast<float*>(p.col_scale)[kt * p.col_scale_cols + mt] = inv;
+    }
+  }
+
+  float s_enc = 1.0f, s_dec = 1.0f;
+  if (F == QFmt::kNvfp4) {
+    s_enc = fmt::nvfp4_encode_scale(*p.global_amax);
+    s_dec = static_cast<float>(1.0 / static_cast<double>(s_enc));
+  }
+
+  // ---- column block amax (blocks of kBlock rows along M) from the per-group partials. Computed
+  // before the row loop only for MXFP8 (which writes both usages row by row), after it otherwise,
+  // to keep the registers live across the row loop few.
+  float cmax[V];
+  auto column_amax = [&]() {
+    if (F != QFmt::kFp8Block2d && columnwise) {
+      constexpr int kGroupsPerBlock = kBlock / NI;
+      const int first = (row0 / kBlock) * kGroupsPerBlock;
+#pragma unroll
+      for (int j = 0; j < V; ++j) cmax[j] = 0.0f;
+#pragma unroll
+      for (int gi = 0; gi < kGroupsPerBlock; ++gi) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+          const float4 c = *reinterpret_cast<const float4*>(&col_part[first + gi][col0 + j]);
+          cmax[j] = fmt::max_f(cmax[j], c.x);
+          cmax[j + 1] = fmt::max_f(cmax[j + 1], c.y);
+          cmax[j + 2] = fmt::max_f(cmax[j + 2], c.z);
+          cmax[j + 3] = fmt::max_f(cmax[j + 3], c.w);
+        }
+      }
+    }
+  };
+  if (F == QFmt::kMxfp8) column_amax();
+  const bool first_row_of_block = row0 % kBlock == 0;
+  const int64_t block_row = m0 + row0;  // first global row of this thread (a block start when first_row_of_block)
+
+  // MXFP8 columnwise is not transposed: it is written row by row next to the rowwise data.
+  float mx_col_multiplier[V];
+  if (F == QFmt::kMxfp8 && columnwise) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const uint8_t e = fmt::mxfp8_scale(cmax[j], p.fp8_max);
+      mx_col_multiplier[j] = fmt::e8m0_reciprocal(e);
+      if (first_row_of_block && block_row < p.m && j < col_valid)
+        static_cast<uint8_t*>(p.col_scale)[(block_row / kBlock) * p.col_scale_cols + gc + j] = e;
+    }
+  }
+
+  // ---- rowwise: blocks of kBlock elements along K = kBlock / V lanes.
+  if (rowwise || (F == QFmt::kMxfp8 && columnwise)) {
+    const bool vec_store = F == QFmt::kNvfp4 ? true : (p.k % V == 0);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      const int64_t row = m0 + row0 + i;
+      if (F == QFmt::kMxfp8 && columnwise) {
+        uint8_t b[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) b[j] = fmt::encode_fp8(fmt::mul_rn(v[i][j], mx_col_multiplier[j]), p.kind);
+        if (row < p.m && col_valid > 0) store_bytes<V>(p.col_data, row * p.k + gc, b, col_valid, true);
+      }
+      if (!rowwise) continue;
+      float a = 0.0f;
+      if (F != QFmt::kFp8Block2d) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) a = fmt::max_f(a, fmt::abs_f(v[i][j]));
+#pragma unroll
+        for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
+      }
+      const bool valid = row < p.m && col_valid > 0;
+      if (F == QFmt::kNvfp4) {
+        const fmt::Nvfp4Block b = fmt::nvfp4_block(a, s_enc, s_dec);
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) packed |= uint32_t(fmt::encode_e2m1(fmt::mul_rn(v[i][j], b.multiplier))) << (4 * j);
+        if (valid) {
+          uint8_t* dst = p.row_data + row * (p.k / 2) + gc / 2;
+          if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
+          else *reinterpret_cast<uint32_t*>(dst) = packed;
+          if (gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = b.scale;
+        }
+      } else {
+        float multiplier;
+        if (F == QFmt::kMxfp8) {
+          const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
+          multiplier = fmt::e8m0_reciprocal(e);
+          if (valid && gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = e;
+        } else if (F == QFmt::kFp8Block1d) {
+          multiplier = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
+          if (col0 == 0 && row < p.m)  // 1-D: 1/scale in double (as TE's 1x128 kernel)
+            static_cast<float*>(p.row_scale)[kt * p.row_scale_cols + row] = static_cast<float>(1.0 / static_cast<double>(multiplier));
+        } else {
+          multiplier = tile_scale;
+        }
+        uint8_t b[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) b[j] = fmt::encode_fp8(fmt::mul_rn(v[i][j], multiplier), p.kind);
+        if (valid) store_bytes<V>(p.row_data, row * p.k + gc, b, col_valid, vec_store);
+      }
+    }
+  }
+
+  if (!columnwise || F == QFmt::kMxfp8) return;  // uniform across the CTA
+  column_amax();
+
+  if (kFp8Block) {
+    // Transposed FP8 bytes: tile row c = column col0 + j, words (m / 4) of 4 consecutive rows.
+    float multiplier[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (F == QFmt::kFp8Block1d) {
+        multiplier[j] = fmt::fp8_block_scale(cmax[j], p.fp8_max, p.pow2, p.epsilon, p.max_finite);
+        if (row0 == 0 && j < col_valid)
+          static_cast<float*>(p.col_scale)[mt * p.col_scale_cols + gc + j] = static_cast<float>(1.0 / static_cast<double>(multiplier[j]));
+      } else {
+        multiplier[j] = tile_scale;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = col0 + j;
+#pragma unroll
+      for (int t = 0; t < NI / 4; ++t) {
+        uint32_t w = 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) w |= uint32_t(fmt::encode_fp8(fmt::mul_rn(v[4 * t + u][j], multiplier[j]), p.kind)) << (8 * u);
+        const int q = row0 / 4 + t;
+        out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
+      }
+    }
+  } else {  // NVFP4: nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
+    float multiplier[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const fmt::Nvfp4Block b = fmt::nvfp4_block(cmax[j], s_enc, s_dec);
+      multiplier[j] = b.multiplier;
+      if (first_row_of_block && block_row < p.m && j < col_valid)
+        static_cast<uint8_t*>(p.col_scale)[(gc + j) * p.col_scale_cols + block_row / kBlock] = b.scale;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = col0 + j;
+#pragma unroll
+      for (int t = 0; t < NI / 8; ++t) {
+        uint32_t w = 0;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) w |= uint32_t(fmt::encode_e2m1(fmt::mul_rn(v[8 * t + u][j], multiplier[j]))) << (4 * u);
+        const int q = row0 / 8 + t;
+        out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Coalesced store of the transposed tile: consecutive threads write consecutive words of a row.
+  const int64_t out_row_bytes = F == QFmt::kNvfp4 ? p.m / 2 : p.m;  // bytes per row of col_data
+  const int64_t byte0 = F == QFmt::kNvfp4 ? m0 / 2 : m0;
+  const bool word_store = out_row_bytes % 4 == 0;
+#pragma unroll
+  for (int n = 0; n < kTile * kOutWords / kThreads; ++n) {
+    const int idx = n * kThreads + threadIdx.x;
+    const int c = idx / kOutWords, q = idx % kOutWords;
+    const int64_t kk = k0 + c;
+    if (kk >= p.k) continue;
+    const uint32_t w = out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))];
+    const int64_t off = byte0 + 4 * q;
+    uint8_t* dst = p.col_data + kk * out_row_bytes;
+    if (word_store) {
+      if (off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst + off) = w;
+    } else {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (off + u < out_row_bytes) dst[off + u] = uint8_t(w >> (8 * u));
+    }
+  }
+}
+
+template <QFmt F, typename In>
+cudaError_t launch_quantize_tiles(const QuantParams& p, bool vec_ok, cudaStream_t stream) {
+  const int64_t tiles_m = fmt::cdiv(p.m, kTile);
+  const int64_t tiles = tiles_m * p.tiles_k;
+  if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  if (vec_ok) quantize_tile_kernel<F, In, true><<<unsigned(tiles), kThreads, 0, stream>>>(p);
+  else quantize_tile_kernel<F, In, false><<<unsigned(tiles), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <QFmt F>
+cudaError_t launch_quantize(QuantParams p, HighPrecision dtype, cudaStream_t stream) {
+  if (p.m == 0 || p.k == 0) return cudaSuccess;
+  p.tiles_k = fmt::cdiv(p.k, kTile);
+  const bool aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  switch (dtype) {
+    case HighPrecision::kFloat32: return launch_quantize_tiles<F, F32>(p, aligned && p.k % F32::kVec == 0, stream);
+    case HighPrecision::kBFloat16: return launch_quantize_tiles<F, Bf16>(p, aligned && p.k % Bf16::kVec == 0, stream);
+    case HighPrecision::kFloat16: return launch_quantize_tiles<F, F16>(p, aligned && p.k % F16::kVec == 0, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Dequantize.
+
+// Two FP8 codes (low byte first) to floats. Exact: every E4M3 / E5M2 value is an fp16 value.
+__device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu),
+                                                    kind == fmt::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
+#else
+  return make_float2(fmt::decode_fp8(uint8_t(pair), kind), fmt::decode_fp8(uint8_t(pair >> 8), kind));
+#endif
+}
+
+__device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
+
+enum class DFmt { kFp8Block1d, kFp8Block2d, kMxfp8, kNvfp4 };
+
+struct DequantParams {
+  const uint8_t* data;
+  const void* scale;
+  int64_t scale_cols;
+  const float* amax;  // NVFP4
+  int64_t m, k, tiles_k;
+  Fp8Kind kind;
+  bool columnwise;
+  void* out;
+};
+
+// Writes `count` (<= 4) results at out[offset]; 16-byte / 8-byte stores when `vec`.
+template <typename Out>
+__device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&r)[4], int count, bool vec);
+
+template <>
+__device__ __forceinline__ void store_out4<F32>(void* out, int64_t offset, const float (&r)[4], int count, bool vec) {
+  float* o = static_cast<float*>(out) + offset;
+  if (vec && count == 4) {
+    *reinterpret_cast<float4*>(o) = make_float4(r[0], r[1], r[2], r[3]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (j < count) o[j] = r[j];
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&r)[4], int count, bool vec) {
+  uint16_t* o = static_cast<uint16_t*>(out) + offset;
+  if (vec && count == 4) {
+    uint2 w;
+    w.x = uint32_t(Out::to_bits(r[0])) | uint32_t(Out::to_bits(r[1])) << 16;
+    w.y = uint32_t(Out::to_bits(r[2])) | uint32_t(Out::to_bits(r[3])) << 16;
+    *reinterpret_cast<uint2*>(o) = w;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (j < count) o[j] = Out::to_bits(r[j]);
+}
+
+// Decode factor of the block holding element (m, k) of row-major data (rowwise, or MXFP8 columnwise).
+template <DFmt F>
+__device__ __forceinline__ float row_major_factor(const DequantParams& p, int64_t m, int64_t k, float amax) {
+  if (F == DFmt::kFp8Block1d) return static_cast<const float*>(p.scale)[(k / kTile) * p.scale_cols + m];
+  if (F == DFmt::kFp8Block2d) return static_cast<const float*>(p.scale)[(m / kTile) * p.scale_cols + k / kTile];
+  const uint8_t* s = static_cast<const uint8_t*>(p.scale);
+  if (F == DFmt::kMxfp8) {
+    return fmt::e8m0_value(p.columnwise ? s[(m / fmt::kMxfp8BlockLen) * p.scale_cols + k]
+                                        : s[m * p.scale_cols + k / fmt::kMxfp8BlockLen]);
+  }
+  return fmt::nvfp4_decode_factor(s[m * p.scale_cols + k / fmt::kNvfp4BlockLen], amax);
+}
+
+// Row-major data, 16 consecutive elements per thread. Needs k % 16 == 0 and data aligned to 16 bytes
+// (FP8) or 8 bytes (NVFP4); 16 elements never straddle a block (blocks are 16, 32 or 128 long).
+template <DFmt F, typename Out>
+__global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(const DequantParams p, int64_t num_chunks) {
+  const int64_t chunk = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (chunk >= num_chunks) return;
+  const int64_t chunks_per_row = p.k / 16;
+  const int64_t m = chunk / chunks_per_row, k = (chunk - m * chunks_per_row) * 16;
+  const float amax = F == DFmt::kNvfp4 ? *p.amax : 0.0f;
+  float value[16];
+  if (F == DFmt::kNvfp4) {
+    const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p.data + (m * p.k + k) / 2));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) value[j] = fmt::decode_e2m1(uint8_t(((j < 8 ? w.x : w.y) >> (4 * (j % 8))) & 0xFu));
+  } else {
+    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p.data + m * p.k + k));
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+      const float2 d = decode_fp8x2(word_of(w, j / 4) >> (8 * (j % 4)), p.kind);
+      value[j] = d.x;
+      value[j + 1] = d.y;
+    }
+  }
+  const bool per_element = F == DFmt::kMxfp8 && p.columnwise;  // scale [m / 32, k]: one per column
+  const float factor = per_element ? 0.0f : row_major_factor<F>(p, m, k, amax);
+#pragma unroll
+  for (int j = 0; j < 16; j += 4) {
+    float r[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) r[u] = fmt::mul_rn(value[j + u], per_element ? row_major_factor<F>(p, m, k + j + u, amax) : factor);
+    store_out4<Out>(p.out, m * p.k + k + j, r, 4, true);
+  }
+}
+
+// Any shape and alignment: one element per thread (FP8 block with k % 16 != 0, misaligned data).
+template <DFmt F, typename Out>
+__global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const DequantParams p, int64_t count) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= count) return;
+  const int64_t m = i / p.k, k = i - m * p.k;
+  const float amax = F == DFmt::kNvfp4 ? *p.amax : 0.0f;
+  float value;
+  if (F == DFmt::kNvfp4) {
+    const uint8_t byte = p.data[i / 2];
+    value = fmt::decode_e2m1(uint8_t((k & 1) ? byte >> 4 : byte & 0xFu));
+  } else {
+    value = decode_fp8_one(p.data[i], p.kind);
+  }
+  const float r[4] = {fmt::mul_rn(value, row_major_factor<F>(p, m, k, amax)), 0.0f, 0.0f, 0.0f};
+  store_out4<Out>(p.out, i, r, 1, false);
+}
+
+// Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K]: one CTA per
+// 128 (k) x 128 (m) tile, staged as bytes in shared memory, written as coalesced output rows.
+template <DFmt F, typename Out>
+__global__ void __launch_bounds__(kThreads) dequantize_transposed_kernel(const DequantParams p, bool word_loads) {
+  constexpr bool kFp4 = F == DFmt::kNvfp4;
+  constexpr int kWords = kFp4 ? 16 : 32;  // words per tile row (128 elements along m)
+  __shared__ uint32_t tile[kTile * kWords];
+
+  const int64_t mt = blockIdx.x / p.tiles_k, kt = blockIdx.x % p.tiles_k;
+  const int64_t m0 = mt * kTile, k0 = kt * kTile;
+  const int64_t row_bytes = kFp4 ? p.m / 2 : p.m;  // bytes per data row (one k)
+  const int64_t byte0 = kFp4 ? m0 / 2 : m0;
+
+#pragma unroll
+  for (int n = 0; n < kTile * kWords / kThreads; ++n) {
+    const int idx = n * kThreads + threadIdx.x;
+    const int c = idx / kWords, q = idx % kWords;
+    const int64_t kk = k0 + c, off = byte0 + 4 * q;
+    uint32_t w = 0;
+    if (kk < p.k) {
+      const uint8_t* src = p.data + kk * row_bytes;
+      if (word_loads) {
+        if (off < row_bytes) w = __ldcs(reinterpret_cast<const unsigned int*>(src + off));
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (off + u < row_bytes) w |= uint32_t(src[off + u]) << (8 * u);
+      }
+    }
+    tile[c * kWords + (q ^ swizzle<kWords>(c))] = w;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t kc = k0 + 4 * lane;  // this thread's 4 columns of out
+  const int count = kc >= p.k ? 0 : (p.k - kc >= 4 ? 4 : int(p.k - kc));
+  const int64_t first_row = m0 + warp * 16;
+  if (count == 0 || first_row >= p.m) return;
+  float factor[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    factor[j] = 0.0f;
+    if (j >= count) continue;
+    if (F == DFmt::kFp8Block1d) factor[j] = static_cast<const float*>(p.scale)[mt * p.scale_cols + kc + j];
+    if (F == DFmt::kFp8Block2d) factor[j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mt];
+    if (F == DFmt::kNvfp4)  // the warp's 16 rows are one 16-row block
+      factor[j] = fmt::nvfp4_decode_factor(static_cast<const uint8_t*>(p.scale)[(kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen], *p.amax);
+  }
+  const bool vec = p.k % 4 == 0;
+#pragma unroll 4
+  for (int r = 0; r < 16; ++r) {
+    const int64_t m = first_row + r;
+    if (m >= p.m) break;
+    const int ml = warp * 16 + r;  // tile-local row
+    float out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = 4 * lane + j;
+      float value;
+      if (kFp4) {
+        const uint32_t w = tile[c * kWords + ((ml >> 3) ^ swizzle<kWords>(c))];
+        value = fmt::decode_e2m1(uint8_t((w >> (4 * (ml & 7))) & 0xFu));
+      } else {
+        const uint32_t w = tile[c * kWords + ((ml >> 2) ^ swizzle<kWords>(c))];
+        value = decode_fp8_one(w >> (8 * (ml & 3)), p.kind);
+      }
+      out[j] = fmt::mul_rn(value, factor[j]);
+    }
+    store_out4<Out>(p.out, m * p.k + kc, out, count, vec);
+  }
+}
+
+template <DFmt F, typename Out>
+cudaError_t launch_dequantize_typed(DequantParams p, cudaStream_t stream) {
+  const bool transposed = p.columnwise && F != DFmt::kMxfp8;
+  if (transposed) {
+    p.tiles_k = fmt::cdiv(p.k, kTile);
+    const int64_t tiles = fmt::cdiv(p.m, kTile) * p.tiles_k;
+    if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+    const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
+    const bool word_loads = row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(p.data) % 4 == 0;
+    dequantize_transposed_kernel<F, Out><<<unsigned(tiles), kThreads, 0, stream>>>(p, word_loads);
+    return cudaGetLastError();
+  }
+  const unsigned align = F == DFmt::kNvfp4 ? 8 : 16;
+  if (p.k % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % align == 0) {
+    const int64_t chunks = p.m * (p.k / 16);
+    const int64_t blocks = fmt::cdiv(chunks, kThreads);
+    if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+    dequantize_rows_kernel<F, Out><<<unsigned(blocks), kThreads, 0, stream>>>(p, chunks);
+  } else {
+    const int64_t count = p.m * p.k;
+    const int64_t blocks = fmt::cdiv(count, kThreads);
+    if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+    dequantize_elements_kernel<F, Out><<<unsigned(blocks), kThreads, 0, stream>>>(p, count);
+  }
+  return cudaGetLastError();
+}
+
+template <DFmt F>
+cudaError_t launch_dequantize(const DequantParams& p, HighPrecision out_dtype, cudaStream_t stream) {
+  if (p.m == 0 || p.k == 0) return cudaSuccess;
+  switch (out_dtype) {
+    case HighPrecision::kFloat32: return launch_dequantize_typed<F, F32>(p, stream);
+    case HighPrecision::kBFloat16: return launch_dequantize_typed<F, Bf16>(p, stream);
+    case HighPrecision::kFloat16: return launch_dequantize_typed<F, F16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// swap_first_dims: dst[b, a, :] = src[a, b, :], in units of W bytes (the widest that divides the row
+// and both addresses). Each thread moves kUnroll units (loads first, then stores).
+
+constexpr int kSwapUnroll = 4;
+
+template <typename W, typename Index>
+__global__ void __launch_bounds__(kThreads) swap_first_dims_kernel(const W* __restrict__ src, W* __restrict__ dst,
+                                                                   Index a_count, Index b_count, Index row_units,
+                                                                   Index total) {
+  const Index base = Index(blockIdx.x) * (kThreads * kSwapUnroll) + threadIdx.x;
+  W value[kSwapUnroll];
+#pragma unroll
+  for (int u = 0; u < kSwapUnroll; ++u) {
+    const Index i = base + Index(u) * kThreads;  // destination unit
+    if (i < total) {
+      const Index row = i / row_units, r = i - row * row_units;  // destination row = b * A + a
+      const Index b = row / a_count, a = row - b * a_count;
+      value[u] = src[(a * b_count + b) * row_units + r];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kSwapUnroll; ++u) {
+    const Index i = base + Index(u) * kThreads;
+    if (i < total) dst[i] = value[u];
+  }
+}
+
+template <typename W>
+cudaError_t launch_swap_units(const void* src, void* dst, int64_t a_count, int64_t b_count, int64_t row_bytes,
+                              cudaStream_t stream) {
+  const int64_t row_units = row_bytes / int64_t(sizeof(W));
+  const int64_t total = a_count * b_count * row_units;
+  const int64_t blocks = fmt::cdiv(total, int64_t(kThreads) * kSwapUnroll);
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  const W* s = static_cast<const W*>(src);
+  W* d = static_cast<W*>(dst);
+  if (total < (int64_t(1) << 31)) {  // 32-bit index math is much cheaper than 64-bit division
+    swap_first_dims_kernel<W, uint32_t><<<unsigned(blocks), kThreads, 0, stream>>>(
+        s, d, uint32_t(a_count), uint32_t(b_count), uint32_t(row_units), uint32_t(total));
+  } else {
+    swap_first_dims_kernel<W, uint64_t><<<unsigned(blocks), kThreads, 0, stream>>>(
+        s, d, uint64_t(a_count), uint64_t(b_count), uint64_t(row_units), uint64_t(total));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Launchers (formats_launch.h).
+
+cudaError_t launch_quantize_fp8_block(const Fp8BlockQuantizeArgs& a, cudaStream_t stream) {
+  QuantParams p{};
+  p.x = a.x;
+  p.m = a.m;
+  p.k = a.k;
+  p.kind = a.kind;
+  p.pow2 = a.pow2_scales;
+  p.epsilon = a.amax_epsilon;
+  p.max_finite = a.max_finite;
+  p.fp8_max = a.kind == fmt::kE4M3 ? fmt::kE4M3Max : fmt::kE5M2Max;
+  p.row_data = a.rowwise_data;
+  p.row_scale = a.rowwise_scale_inv;
+  p.row_scale_cols = fmt::fp8_block_scale_shape(a.m, a.k, a.block_dim, false).cols;
+  p.col_data = a.columnwise_data;
+  p.col_scale = a.columnwise_scale_inv;
+  p.col_scale_cols = fmt::fp8_block_scale_shape(a.m, a.k, a.block_dim, true).cols;
+  if (a.block_dim == 1) return launch_quantize<QFmt::kFp8Block1d>(p, a.x_dtype, stream);
+  if (a.block_dim == 2) return launch_quantize<QFmt::kFp8Block2d>(p, a.x_dtype, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_dequantize_fp8_block(const uint8_t* data, const float* scale_inv, int64_t m, int64_t k,
+                                        int block_dim, bool columnwise, Fp8Kind kind, HighPrecision out_dtype,
+                                        void* out, cudaStream_t stream) {
+  DequantParams p{};
+  p.data = data;
+  p.scale = scale_inv;
+  p.scale_cols = fmt::fp8_block_scale_shape(m, k, block_dim, columnwise).cols;
+  p.m = m;
+  p.k = k;
+  p.kind = kind;
+  p.columnwise = columnwise;
+  p.out = out;
+  if (block_dim == 1) return launch_dequantize<DFmt::kFp8Block1d>(p, out_dtype, stream);
+  if (block_dim == 2) return launch_dequantize<DFmt::kFp8Block2d>(p, out_dtype, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_quantize_mxfp8(const Mxfp8QuantizeArgs& a, cudaStream_t stream) {
+  if (a.m % fmt::kMxfp8BlockLen != 0 || a.k % fmt::kMxfp8BlockLen != 0) return cudaErrorInvalidValue;
+  QuantParams p{};
+  p.x = a.x;
+  p.m = a.m;
+  p.k = a.k;
+  p.kind = a.kind;
+  p.fp8_max = a.kind == fmt::kE4M3 ? fmt::kE4M3Max : fmt::kE5M2Max;
+  p.row_data = a.rowwise_data;
+  p.row_scale = a.rowwise_scale_inv;
+  p.row_scale_cols = fmt::mxfp8_scale_shape(a.m, a.k, false).cols;
+  p.col_data = a.columnwise_data;
+  p.col_scale = a.columnwise_scale_inv;
+  p.col_scale_cols = fmt::mxfp8_scale_shape(a.m, a.k, true).cols;
+  return launch_quantize<QFmt::kMxfp8>(p, a.x_dtype, stream);
+}
+
+cudaError_t launch_dequantize_mxfp8(const uint8_t* data, const uint8_t* scale_inv, int64_t m, int64_t k,
+                                    bool columnwise, Fp8Kind kind, HighPrecision out_dtype, void* out,
+                                    cudaStream_t stream) {
+  if (m % fmt::kMxfp8BlockLen != 0 || k % fmt::kMxfp8BlockLen != 0) return cudaErrorInvalidValue;
+  DequantParams p{};
+  p.data = data;
+  p.scale = scale_inv;
+  p.scale_cols = fmt::mxfp8_scale_shape(m, k, columnwise).cols;
+  p.m = m;
+  p.k = k;
+  p.kind = kind;
+  p.columnwise = columnwise;
+  p.out = out;
+  return launch_dequantize<DFmt::kMxfp8>(p, out_dtype, stream);
+}
+
+cudaError_t launch_quantize_nvfp4(const Nvfp4QuantizeArgs& a, cudaStream_t stream) {
+  if (a.m % fmt::kNvfp4BlockLen != 0 || a.k % fmt::kNvfp4BlockLen != 0) return cudaErrorInvalidValue;
+  QuantParams p{};
+  p.x = a.x;
+  p.m = a.m;
+  p.k = a.k;
+  p.kind = fmt::kE4M3;
+  p.global_amax = a.global_amax;
+  p.row_data = a.rowwise_data;
+  p.row_scale = a.rowwise_scale_inv;
+  p.row_scale_cols = fmt::nvfp4_scale_shape(a.m, a.k, false).cols;
+  p.col_data = a.columnwise_data;
+  p.col_scale = a.columnwise_scale_inv;
+  p.col_scale_cols = fmt::nvfp4_scale_shape(a.m, a.k, true).cols;
+  return launch_quantize<QFmt::kNvfp4>(p, a.x_dtype, stream);
+}
+
+cudaError_t launch_dequantize_nvfp4(const uint8_t* data, const uint8_t* scale_inv, const float* amax, int64_t m,
+                                    int64_t k, bool columnwise, HighPrecision out_dtype, void* out,
+                                    cudaStream_t stream) {
+  if (m % fmt::kNvfp4BlockLen != 0 || k % fmt::kNvfp4BlockLen != 0) return cudaErrorInvalidValue;
+  DequantParams p{};
+  p.data = data;
+  p.scale = scale_inv;
+  p.scale_cols = fmt::nvfp4_scale_shape(m, k, columnwise).cols;
+  p.amax = amax;
+  p.m = m;
+  p.k = k;
+  p.columnwise = columnwise;
+  p.out = out;
+  return launch_dequantize<DFmt::kNvfp4>(p, out_dtype, stream);
+}
+
+cudaError_t launch_swap_first_dims(const void* src, void* dst, int64_t a_count, int64_t b_count, int64_t row_bytes,
+                                   cudaStream_t stream) {
+  if (a_count == 0 || b_count == 0 || row_bytes == 0) return cudaSuccess;
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | uintptr_t(row_bytes);
+  if (bits % 16 == 0) return launch_swap_units<uint4>(src, dst, a_count, b_count, row_bytes, stream);
+  if (bits % 8 == 0) return launch_swap_units<uint2>(src, dst, a_count, b_count, row_bytes, stream);
+  if (bits % 4 == 0) return launch_swap_units<uint32_t>(src, dst, a_count, b_count, row_bytes, stream);
+  if (bits % 2 == 0) return launch_swap_units<uint16_t>(src, dst, a_count, b_count, row_bytes, stream);
+  return launch_swap_units<uint8_t>(src, dst, a_count, b_count, row_bytes, stream);
+}
+
+}  // namespace pyxfer
