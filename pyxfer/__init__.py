@@ -10,15 +10,16 @@ from . import _fake  # noqa: F401  (fakes for torch.compile / FakeTensor)
 from . import buffers, formats, health, testing
 from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
 from .formats import QuantizeSpec, QuantizedTensor, quantize
+from .gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
 from .ops import build_info, checksum
 from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum",
-    "configure_staging", "formats", "health", "pack", "PackedBuffer", "quantize", "QuantizedTensor",
-    "QuantizeSpec", "restore_subviews", "staged_copy", "SubviewSpec", "testing", "TransferError",
+    "__version__", "all_gather", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum",
+    "configure_staging", "formats", "GatherVerificationError", "health", "pack", "PackedBuffer", "quantize",
+    "QuantizedGatherFallbackWarning", "QuantizedTensor", "QuantizeSpec", "restore_subviews", "staged_copy", "SubviewSpec", "testing", "TransferError",
     "verified_copy",
 ]
 

@@ -5,9 +5,14 @@ GPU): "zeros" (a dropped write: the destination reads back as zeros), "bitflip" 
 "stale" (nothing arrives; the destination keeps what it held), "truncate" (the last eighth is
 missing), "shift" (the data lands a few bytes off).
 
+On the "gather" path (pyxfer.all_gather) ``src`` and ``dst`` are group ranks: the fault writes into
+the bytes received from rank ``src`` on rank ``dst``, after the collective and before verification
+(in Python, with tensor ops on the receive buffer's device). "stale" there leaves the pattern 0xA5
+(receive buffers are fresh allocations, so "what it held" is arbitrary bytes).
+
 The environment variable PYXFER_INJECT_FAULT installs one fault when pyxfer is imported, e.g.
 ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times; path defaults to
-direct, src/dst to any device, times to 1).
+direct, src/dst to any device, times to 1; ``path=gather,src=1`` names ranks).
 """
 import contextlib
 import os
@@ -20,14 +25,16 @@ from ._devices import device_code
 __all__ = ["FAULT_KINDS", "inject_fault", "InjectedFault"]
 
 FAULT_KINDS = ("zeros", "bitflip", "stale", "truncate", "shift")
+PATHS = ("direct", "staged", "gather")
 
 
 class InjectedFault:
     """Handle of an active fault; ``unused`` (set when the context exits) counts copies it did not hit."""
 
-    def __init__(self, fault_id: int, kind: str, times: int):
+    def __init__(self, fault_id: int, kind: str, times: int, pop=None):
         self.id, self.kind, self.times = fault_id, kind, times
         self.unused = None
+        self._pop = pop or torch.ops.pyxfer.fault_pop
 
     @property
     def used(self):
@@ -35,31 +42,43 @@ class InjectedFault:
 
     def remove(self) -> int:
         if self.unused is None:
-            self.unused = torch.ops.pyxfer.fault_pop(self.id)
+            self.unused = self._pop(self.id)
         return self.unused
 
 
-def _push(kind, src, dst, path, times, seed) -> InjectedFault:
+def _push(kind, src, dst, path, times, seed, buffer=None) -> InjectedFault:
     op = "pyxfer.testing.inject_fault"
     if kind not in FAULT_KINDS:
         raise ValueError(f"{op}: kind must be one of {FAULT_KINDS}, got {kind!r}")
-    if path not in ("direct", "staged"):
-        raise ValueError(f"{op}: path must be 'direct' or 'staged', got {path!r}")
+    if path not in PATHS:
+        raise ValueError(f"{op}: path must be one of {PATHS}, got {path!r}")
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"{op}: times must be an int >= 1, got {times!r}")
+    if buffer is not None and path != "gather":
+        raise ValueError(f"{op}: buffer is only for path='gather', got path={path!r}")
     seed = random.getrandbits(62) if seed is None else int(seed)
+    if path == "gather":
+        return _push_gather(op, kind, src, dst, times, seed, buffer)
     fault_id = torch.ops.pyxfer.fault_push(kind, device_code(op, "src", src), device_code(op, "dst", dst),
                                            path, times, seed)
     return InjectedFault(fault_id, kind, times)
 
 
 @contextlib.contextmanager
-def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: int = 1, seed=None):
+def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: int = 1, seed=None, buffer=None):
     """Within the block, the next ``times`` copies from ``src`` to ``dst`` (None: any device) along
     ``path`` ("direct" or "staged") write wrong bytes of ``kind`` (see FAULT_KINDS) into the
     destination. Zero-byte copies are not hit. Yields an InjectedFault; removed on exit.
-    Raises ValueError for an unknown kind, path or device, or times < 1."""
-    fault = _push(kind, src, dst, path, times, seed)
+
+    ``path="gather"``: the next ``times`` pyxfer.all_gather calls on rank ``dst`` (None: any rank)
+    get wrong bytes of ``kind`` in the shard received from rank ``src`` (an int group rank; None:
+    the lowest other rank), written into the receive buffer after the collective and before
+    verification. ``buffer`` names the gathered buffer to hit ("data" for tensors, "rowwise_data",
+    "columnwise_scale_inv", ...; None: the first non-empty one). A rank's own shard is a local
+    copy, never hit; calls with no matching non-empty buffer are not counted.
+
+    Raises ValueError for an unknown kind, path or device, a negative rank, or times < 1."""
+    fault = _push(kind, src, dst, path, times, seed, buffer)
     try:
         yield fault
     finally:
@@ -76,5 +95,65 @@ def _install_from_env():
         key, sep, value = item.partition("=")
         if not sep or key not in ("path", "src", "dst", "times"):
             raise ValueError(f"PYXFER_INJECT_FAULT: expected kind[,path=..][,src=..][,dst=..][,times=N], got {spec!r}")
-        opts[key] = int(value) if key == "times" else value
+        opts[key] = int(value) if key == "times" or (key in ("src", "dst") and value.isdigit()) else value
     return _push(kind, opts.get("src"), opts.get("dst"), opts.get("path", "direct"), opts.get("times", 1), None)
+
+
+# Gather-path faults live here, not in the native registry: pyxfer.all_gather corrupts its receive
+# buffers in Python (_corrupt_gathered), after the collective and before verification.
+_gather_faults = {}  # id -> dict(kind, src, dst, left, rng, buffer)
+_next_gather_id = [1 << 40]
+
+
+def _rank_arg(op, name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{op}: with path='gather', {name} must be a group rank (an int >= 0) or None, got {value!r}")
+    return value
+
+
+def _push_gather(op, kind, src, dst, times, seed, buffer) -> InjectedFault:
+    src, dst = _rank_arg(op, "src", src), _rank_arg(op, "dst", dst)
+    fault_id = _next_gather_id[0]
+    _next_gather_id[0] += 1
+    _gather_faults[fault_id] = dict(kind=kind, src=src, dst=dst, left=times, rng=random.Random(seed), buffer=buffer)
+    return InjectedFault(fault_id, kind, times, pop=lambda i: _gather_faults.pop(i)["left"])
+
+
+def _corrupt_gathered(rank, world, received):
+    """Apply the active gather faults for receiving ``rank``. ``received``: (name, region, nbytes)
+    per gathered buffer, ``region(r)`` the bytes received from rank r (a flat uint8 view)."""
+    if not _gather_faults:
+        return
+    for fault in list(_gather_faults.values()):
+        if fault["left"] <= 0 or fault["dst"] not in (None, rank):
+            continue
+        src = fault["src"] if fault["src"] is not None else (0 if rank != 0 else 1)
+        if src == rank or src >= world:
+            continue
+        hit = [(n, t, b) for n, t, b in received if b and fault["buffer"] in (None, n)]
+        if not hit:
+            continue
+        _corrupt(fault["kind"], hit[0][1](src), fault["rng"])
+        fault["left"] -= 1
+
+
+def _corrupt(kind, region, rng):
+    """Write wrong bytes of ``kind`` into ``region`` (a flat uint8 tensor with at least one byte)."""
+    n = region.numel()
+    if kind == "zeros":
+        region.zero_()
+    elif kind == "bitflip":
+        i = rng.randrange(n)
+        region[i:i + 1].bitwise_xor_(1 << rng.randrange(8))
+    elif kind == "stale":
+        region.fill_(0xA5)
+    elif kind == "truncate":
+        region[n - max(1, n // 8):].zero_()
+    else:  # shift: the bytes land k bytes late (the first k keep what they held)
+        k = min(n - 1, rng.randrange(1, 8))
+        if k:
+            region[k:].copy_(region[:n - k].clone())
+        else:
+            region.bitwise_xor_(0xFF)

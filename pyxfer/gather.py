@@ -1,0 +1,942 @@
+"""All-gather along dim 0 over torch.distributed, for plain tensors and pyxfer.formats
+QuantizedTensors, with a correct dequantize-then-gather fallback and optional PXH64 verification.
+
+Protocol of one call (every rank runs the same steps, so every rank takes the same path):
+
+1. Metadata: one small all-gather of a fixed-size int64 record per rank (kind, format, dtypes,
+   options, usages, shape, NVFP4 amax bits, and with ``verify`` the PXH64 of every buffer the rank
+   will send). The record is written into a reused pinned host buffer, moved to the data's device
+   with one copy (NCCL needs device memory), gathered on a side stream (it waits for the caller's
+   stream only when the record holds values computed there: hashes, amax) and read back once;
+   the host allocates the receive buffers meanwhile. Disagreements raise the same ValueError on
+   every rank.
+2. Path: quantized when every shard is quantizable (TE's ``is_quantizable``) and, for NVFP4, the
+   global amax is equal on every rank; otherwise fallback (dequantize to the nominal dtype,
+   ``.contiguous()``, gather, requantize only if the gathered shape is quantizable).
+3. Data: every buffer gathered (raw bytes for dtypes the backends lack) in one coalesced NCCL group
+   (gloo: one op per buffer), straight into the result where
+   the rank-major concatenation already is the right layout, into temporaries where a fix-up is
+   needed (FP8-block rowwise 1x128 scales, FP8-block columnwise data, 128x128 columnwise scales,
+   NVFP4 columnwise data and scales). Padded shard scales are trimmed before and zero-padded after,
+   so the result is bit-identical (padding included) to quantizing the full tensor in one process.
+4. Post-processing (fault injection for tests, verification, fix-ups, requantization, swizzling)
+   runs after the data arrived: at once, or in ``handle.wait()`` with ``async_op=True``.
+
+The differences from Transformer Engine's gather (specs/quantized-formats.md §6.6) are deliberate:
+contiguous fallbacks, async kept in every path, nothing post-processed before the data arrived,
+128x128 gathered quantized, metadata compared across ranks, NVFP4 amax checked, swizzled scales
+unswizzled before gathering, requantization only for quantizable gathered shapes.
+"""
+import contextlib
+import dataclasses
+import math
+import os
+import struct
+import sys
+import threading
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from . import testing
+from .ops import as_uint64
+
+__all__ = ["all_gather", "GatherHandle", "QuantizedGatherFallbackWarning", "GatherVerificationError"]
+
+_OP = "pyxfer.all_gather"
+
+
+class QuantizedGatherFallbackWarning(UserWarning):
+    """all_gather gathered in high precision instead of quantized; the message says why (the shard
+    dimension and block size, or the NVFP4 amax that differs). Shown once per call site and reason."""
+
+
+class GatherVerificationError(RuntimeError):
+    """A shard arrived with other bytes than its sender hashed (``verify=True``). Attributes:
+    ``src_rank`` (sender, group rank), ``rank`` (receiver), ``buffer`` (e.g. "rowwise_data"),
+    ``num_bytes``, ``expected`` (sender PXH64) and ``actual`` (receiver PXH64), unsigned ints."""
+
+    def __init__(self, message, *, src_rank, rank, buffer, num_bytes, expected, actual):
+        super().__init__(message)
+        self.src_rank, self.rank, self.buffer = src_rank, rank, buffer
+        self.num_bytes, self.expected, self.actual = num_bytes, expected, actual
+
+
+# ---------------------------------------------------------------------------------------------
+# Codes carried in the metadata record
+
+_FORMATS = (None, "fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4")
+_NVFP4_CODE = _FORMATS.index("nvfp4")
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int8, torch.int16,
+           torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn,
+           torch.float8_e5m2] + [getattr(torch, n) for n in ("uint16", "uint32", "uint64", "float8_e4m3fnuz",
+                                                             "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
+_DTYPE_CODE = {d: i + 1 for i, d in enumerate(_DTYPES)}  # 0: none
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Flattened-row block a shard must be a multiple of (TE's is_quantizable; K has the same rule).
+_BLOCK = {"fp8_block_1x128": 128, "fp8_block_128x128": 128, "mxfp8": 32, "nvfp4": 16}
+
+KIND_PLAIN, KIND_QUANTIZED, KIND_TO_QUANTIZE = 0, 1, 2  # tensor; QuantizedTensor; tensor + quantize_as
+_KIND_NAMES = {0: "plain tensor", 1: "QuantizedTensor", 2: "tensor with quantize_as"}
+_MAGIC = 0x70786761_74680001  # "pxgath", protocol version 1
+_MAX_DIMS = 8
+_MAX_HASHES = 4
+# Record layout (int64 slots). Slots [0, _AGREE_LEN) must be equal on every rank: the common case
+# is checked with one comparison per rank.
+(_F_MAGIC, _F_ERROR, _F_KIND, _F_FMT, _F_DTYPE, _F_FP8, _F_ROW, _F_COL, _F_SWIZZLED, _F_POW2, _F_EPS,
+ _F_AMAX_AUTO, _F_VERIFY, _F_HASHES_IN_META, _F_NDIM) = range(15)
+_F_SHAPE = 15
+_AGREE_LEN = _F_SHAPE + _MAX_DIMS
+_F_RANK, _F_AMAX_ROW, _F_AMAX_COL, _F_NHASH = range(_AGREE_LEN, _AGREE_LEN + 4)
+_F_HASH = _F_NHASH + 1
+_META_LEN = 32
+assert _F_HASH + _MAX_HASHES <= _META_LEN
+# Fields every rank must agree on, in the order they are compared, with their names in errors.
+_AGREE = [(_F_KIND, "input kind"), (_F_FMT, "format"), (_F_DTYPE, "dtype"), (_F_FP8, "fp8_dtype"),
+          (_F_ROW, "rowwise usage"), (_F_COL, "columnwise usage"), (_F_SWIZZLED, "gemm_swizzled_scales"),
+          (_F_POW2, "pow2_scales"), (_F_EPS, "amax_epsilon"), (_F_AMAX_AUTO, "NVFP4 global_amax (given or not)"),
+          (_F_VERIFY, "verify"), (_F_HASHES_IN_META, "where the hashes travel"), (_F_NDIM, "ndim")]
+
+
+def _f32_bits(value: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def _bits_f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+
+def _f64_bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def _bits_f64(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def _describe(slot, value):
+    """A metadata value as people read it (for error messages)."""
+    if slot == _F_KIND:
+        return _KIND_NAMES.get(value, str(value))
+    if slot == _F_FMT:
+        return repr(_FORMATS[value]) if 0 <= value < len(_FORMATS) else str(value)
+    if slot in (_F_DTYPE, _F_FP8):
+        return str(_DTYPES[value - 1]).removeprefix("torch.") if 0 < value <= len(_DTYPES) else "none"
+    if slot == _F_EPS:
+        return repr(_bits_f64(value))
+    if slot in (_F_AMAX_ROW, _F_AMAX_COL):
+        return repr(_bits_f32(value))
+    if slot in (_F_ROW, _F_COL, _F_SWIZZLED, _F_POW2, _F_AMAX_AUTO, _F_VERIFY):
+        return str(bool(value))
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Format descriptions
+
+@dataclasses.dataclass(frozen=True)
+class _Desc:
+    """What a quantized result looks like: format, usages and options (not the data)."""
+    fmt: str
+    rowwise: bool
+    columnwise: bool
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn
+    pow2_scales: bool = True
+    amax_epsilon: float = 0.0
+    swizzled: bool = False
+    global_amax: float = None  # NVFP4 quantize_as: the value the caller gave; None: amax of the data
+
+    def quantize(self, x, global_amax=None, swizzled=None):
+        """Quantize ``x`` (any leading dims) as described; NVFP4 with ``global_amax`` if given."""
+        from . import formats
+        opts = {}
+        if self.fmt.startswith("fp8_block"):
+            opts = dict(fp8_dtype=self.fp8_dtype, pow2_scales=self.pow2_scales, amax_epsilon=self.amax_epsilon)
+        elif self.fmt == "mxfp8":
+            opts = dict(fp8_dtype=self.fp8_dtype, gemm_swizzled_scales=self.swizzled if swizzled is None else swizzled)
+        else:
+            amax = self.global_amax if global_amax is None else global_amax
+            opts = dict(global_amax=amax, gemm_swizzled_scales=self.swizzled if swizzled is None else swizzled)
+        return formats.quantize(x, self.fmt, rowwise=self.rowwise, columnwise=self.columnwise, **opts)
+
+    def is_quantizable(self, shape) -> bool:
+        from . import formats
+        return formats.is_quantizable(tuple(shape), self.fmt)
+
+
+def _desc_of_tensor(q) -> _Desc:
+    fmt = q.fmt
+    fp8 = getattr(q, "fp8_dtype", torch.float8_e4m3fn) if fmt != "nvfp4" else torch.float8_e4m3fn
+    return _Desc(fmt, bool(q.rowwise_usage), bool(q.columnwise_usage), fp8,
+                 bool(getattr(q, "pow2_scales", True)) if fmt.startswith("fp8_block") else True,
+                 float(getattr(q, "amax_epsilon", 0.0)) if fmt.startswith("fp8_block") else 0.0,
+                 bool(getattr(q, "gemm_swizzled_scales", False)))
+
+
+def _desc_of_spec(spec) -> _Desc:
+    fmt = spec.fmt
+    opts = dict(getattr(spec, "options", None) or {})
+    fp8 = getattr(spec, "fp8_dtype", opts.get("fp8_dtype", torch.float8_e4m3fn))
+    amax = opts.get("global_amax")
+    if isinstance(amax, torch.Tensor):
+        amax = float(amax.reshape(-1)[0].item())
+    return _Desc(fmt, bool(spec.rowwise), bool(spec.columnwise), fp8 if fmt != "nvfp4" else torch.float8_e4m3fn,
+                 bool(opts.get("pow2_scales", True)) if fmt.startswith("fp8_block") else True,
+                 float(opts.get("amax_epsilon", 0.0)) if fmt.startswith("fp8_block") else 0.0,
+                 bool(opts.get("gemm_swizzled_scales", False)) if fmt in ("mxfp8", "nvfp4") else False,
+                 None if amax is None else float(amax))
+
+
+def _qt_class(fmt):
+    from . import formats
+    return {"fp8_block_1x128": formats.Float8BlockTensor, "fp8_block_128x128": formats.Float8BlockTensor,
+            "mxfp8": formats.MXFP8Tensor, "nvfp4": formats.NVFP4Tensor}[fmt]
+
+
+def _build_qt(desc: _Desc, shape, dtype, buffers: dict, amax_row=None, amax_col=None):
+    """A QuantizedTensor of ``desc`` wrapping ``buffers`` (names as QuantizedTensor's, no copies)."""
+    kw = dict(shape=torch.Size(shape), dtype=dtype,
+              rowwise_data=buffers.get("rowwise_data"), rowwise_scale_inv=buffers.get("rowwise_scale_inv"),
+              columnwise_data=buffers.get("columnwise_data"), columnwise_scale_inv=buffers.get("columnwise_scale_inv"))
+    if desc.fmt.startswith("fp8_block"):
+        kw.update(fp8_dtype=desc.fp8_dtype, block_dim=1 if desc.fmt == "fp8_block_1x128" else 2,
+                  pow2_scales=desc.pow2_scales, amax_epsilon=desc.amax_epsilon)
+    elif desc.fmt == "mxfp8":
+        kw.update(fp8_dtype=desc.fp8_dtype, gemm_swizzled_scales=False)
+    else:
+        kw.update(amax_rowwise=amax_row, amax_columnwise=amax_col, gemm_swizzled_scales=False)
+    return _qt_class(desc.fmt)(**kw)
+
+
+def _is_quantized_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return False
+    try:
+        from . import formats
+    except ImportError:
+        return False
+    return isinstance(x, formats.QuantizedTensor)
+
+
+def _why_not_quantizable(shape, fmt) -> str:
+    """Why TE's is_quantizable rejects ``shape`` for ``fmt`` (for the fallback warning)."""
+    block = _BLOCK[fmt]
+    if len(shape) < 2:
+        return f"it has {len(shape)} dim(s) and {fmt} needs at least 2"
+    m, k = math.prod(shape[:-1]), shape[-1]
+    what = []
+    if m % block:
+        what.append(f"its flattened rows M = {'*'.join(map(str, shape[:-1]))} = {m} are not a multiple of {block}")
+    if k % block:
+        what.append(f"its last dim K = {k} is not a multiple of {block}")
+    return " and ".join(what) + f" ({fmt} blocks need M and K multiples of {block})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parts: one gathered buffer each. ``send`` is this rank's contiguous bytes, ``recv`` the
+# rank-major receive buffer (W * send bytes) as flat bytes, ``finish()`` the final tensor.
+
+# Dtypes both NCCL and gloo gather natively; others (bool, fp8, complex, ...) travel as bytes.
+_NATIVE = frozenset((torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                     torch.float32, torch.float64))
+
+
+class _Part:
+    """``send``: this rank's contiguous buffer; ``recv``: the rank-major receive buffer (W times
+    ``send``'s elements, same dtype); ``nbytes``: bytes each rank sends; ``finish()``: the final tensor."""
+    __slots__ = ("name", "send", "recv", "nbytes", "finish")
+
+    def __init__(self, name, send, recv, finish):
+        if send.dtype not in _NATIVE:
+            send, recv = _bytes(send), _bytes(recv)
+        self.name, self.send, self.recv, self.finish = name, send, recv, finish
+        self.nbytes = send.numel() * send.element_size()
+
+    def region(self, rank) -> torch.Tensor:
+        """The bytes received from ``rank`` (a flat uint8 view of ``recv``)."""
+        return _bytes(self.recv)[rank * self.nbytes:(rank + 1) * self.nbytes]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """Flat uint8 view of a contiguous tensor (any dtype; 0-dim and empty included)."""
+    t = t.reshape(-1)
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _direct(name, src, out_shape) -> _Part:
+    """Rank-major concatenation is already the result (data; unpadded scales)."""
+    src = src.contiguous()
+    out = torch.empty(out_shape, dtype=src.dtype, device=src.device)
+    return _Part(name, src, out, lambda: out)
+
+
+def _prefix(name, src, world, out_shape) -> _Part:
+    """Row-trimmed scales: gather into the first rows of the result; its padding rows are zeroed
+    now (they are never written by the collective)."""
+    src = src.contiguous()
+    out = torch.empty(out_shape, dtype=src.dtype, device=src.device)
+    rows = world * src.shape[0]
+    if rows == out.shape[0]:
+        return _Part(name, src, out, lambda: out)
+    out[rows:].zero_()
+    return _Part(name, src, out[:rows], lambda: out)
+
+
+def _swap(name, src, world, out_shape, pad_shape=None) -> _Part:
+    """Rank-major [W, A, B...] needs out[a, r, b...] = temp[r, a, b...] (then maybe zero-padding)."""
+    src = src.contiguous()
+    shape = tuple(src.shape)
+    temp = torch.empty((world * shape[0],) + shape[1:], dtype=src.dtype, device=src.device)  # rank-major
+
+    def finish():
+        swapped = torch.ops.pyxfer.swap_first_dims(temp.view((world,) + shape))
+        if pad_shape is None:
+            return swapped.reshape(out_shape)
+        rows, cols = src.shape[0], world * src.shape[1]
+        out = torch.zeros(pad_shape, dtype=src.dtype, device=src.device)
+        out[:rows, :cols].copy_(swapped.reshape(rows, cols))
+        return out
+    return _Part(name, src, temp, finish)
+
+
+def _rup(a, b):
+    return -(-a // b) * b
+
+
+def _quantized_parts(q, desc: _Desc, world: int):
+    """Parts gathering compact QuantizedTensor ``q`` (shard shape quantizable for its format) so that
+    the finished buffers are those of quantizing the (W*d0, ...) tensor in one process."""
+    shape = tuple(q.shape)
+    m, k = math.prod(shape[:-1]), shape[-1]
+    out_shape = (world * shape[0],) + shape[1:]
+    wm = world * m
+    parts = []
+    rd, rs, cd, cs = q.rowwise_data, q.rowwise_scale_inv, q.columnwise_data, q.columnwise_scale_inv
+    if desc.fmt == "fp8_block_1x128":
+        # rowwise scale [K/128, M] (M is the fast axis; M % 128 == 0, so no padding): swap to [K/128, W*M].
+        # columnwise data (K, d0, ...) = [K, M]: swap to [K, W*M]; columnwise scale [M/128, K]: concat.
+        if desc.rowwise:
+            parts.append(_direct("rowwise_data", rd, out_shape))
+            parts.append(_swap("rowwise_scale_inv", rs.reshape(rs.shape[0], m), world, (rs.shape[0], wm)))
+        if desc.columnwise:
+            parts.append(_swap("columnwise_data", cd.reshape(k, m), world, (k,) + out_shape[:-1]))
+            parts.append(_direct("columnwise_scale_inv", cs, (world * cs.shape[0], cs.shape[1])))
+    elif desc.fmt == "fp8_block_128x128":
+        # rowwise scale [M/128, rup(K/128, 4)]: concat. columnwise data = byte transpose [K, M]: swap.
+        # columnwise scale [K/128, rup(M/128, 4)]: trim to [K/128, M/128], swap, zero-pad to rup(W*M/128, 4).
+        mb, kb = m // 128, cs.shape[0] if cs is not None and cs.numel() else -(-k // 128)
+        if desc.rowwise:
+            parts.append(_direct("rowwise_data", rd, out_shape))
+            parts.append(_direct("rowwise_scale_inv", rs, (world * rs.shape[0], rs.shape[1])))
+        if desc.columnwise:
+            parts.append(_swap("columnwise_data", cd.reshape(k, m), world, (k,) + out_shape[:-1]))
+            parts.append(_swap("columnwise_scale_inv", cs[:, :mb], world, None, pad_shape=(kb, _rup(world * mb, 4))))
+    elif desc.fmt == "mxfp8":
+        # Data not transposed: concat. Scales compact [rup(M,128), .] / [rup(M/32,4), .]: trim rows, concat, zero-pad.
+        if desc.rowwise:
+            parts.append(_direct("rowwise_data", rd, out_shape))
+            parts.append(_prefix("rowwise_scale_inv", rs[:m], world, (_rup(wm, 128), rs.shape[1])))
+        if desc.columnwise:
+            parts.append(_direct("columnwise_data", cd, out_shape))
+            parts.append(_prefix("columnwise_scale_inv", cs[: m // 32], world, (_rup(wm // 32, 4), cs.shape[1])))
+    else:  # nvfp4
+        # rowwise data (..., K/2): concat; rowwise scale [rup(M,128), .]: trim rows, concat, zero-pad.
+        # columnwise data [K, M/2]: swap to [K, W*M/2]; columnwise scale [rup(K,128), rup(M/16,4)]:
+        # trim to [K, M/16], swap to [K, W*M/16], zero-pad to [rup(K,128), rup(W*M/16,4)].
+        if desc.rowwise:
+            parts.append(_direct("rowwise_data", rd, out_shape[:-1] + (k // 2,)))
+            parts.append(_prefix("rowwise_scale_inv", rs[:m], world, (_rup(wm, 128), rs.shape[1])))
+        if desc.columnwise:
+            parts.append(_swap("columnwise_data", cd, world, (k, wm // 2)))
+            parts.append(_swap("columnwise_scale_inv", cs[:k, : m // 16], world, None,
+                               pad_shape=(_rup(k, 128), _rup(wm // 16, 4))))
+    return parts
+
+
+def _plain_part(t: torch.Tensor, world: int) -> _Part:
+    return _direct("data", t, (world * t.shape[0],) + tuple(t.shape[1:]))
+
+
+def _hash_all(parts):
+    """PXH64 of every part's send bytes, as one int64 tensor on their device (no host sync)."""
+    return torch.stack([torch.ops.pyxfer.checksum(p.send, 0) for p in parts])
+
+
+# ---------------------------------------------------------------------------------------------
+# The local side of a call: what this rank has and would send
+
+class _Local:
+    """This rank's input, normalised: ``kind``, ``desc`` (format, usages, options of the result),
+    ``dtype`` (plain dtype / nominal dtype), ``shape``, and the parts it predicts it will send."""
+
+    def __init__(self, x, quantize_as, verify, world):
+        self.error = None
+        self.device = None
+        self.kind, self.desc, self.dtype, self.shape = KIND_PLAIN, None, None, ()
+        self.x = None            # plain / high-precision tensor (kinds 0 and 2)
+        self.q = None            # compact QuantizedTensor (kind 1; kind 2 once quantized)
+        self.amax_dev = None     # NVFP4: 1-element fp32 tensors (amax_rowwise, amax_columnwise) or (shard amax,)
+        self.amax_value = None   # NVFP4 given global amax (host float)
+        self.send = None         # what this rank will send if the ranks agree: ("plain", tensor) or
+        #                          ("quantized", compact QuantizedTensor); None: known after the exchange
+        self.parts = None        # self.send as parts (built by build_parts)
+        self.hashes = None
+        self.out_swizzled = False
+        self.verify = verify
+        try:
+            self._prepare(x, quantize_as, world)
+            if verify is True and world > 1:
+                self.build_parts(world)  # the hashes travel in the metadata
+        except Exception as e:  # reported to every rank through the metadata, raised here afterwards
+            self.error = e
+
+    def build_parts(self, world):
+        if self.parts is None and self.send is not None:
+            what, t = self.send
+            self.parts = [_plain_part(t, world)] if what == "plain" else _quantized_parts(t, self.desc, world)
+
+    def _prepare(self, x, quantize_as, world):
+        from .ops import check_tensor
+        device = getattr(x, "device", None)  # known even if x is rejected: the metadata goes there
+        self.device = device if isinstance(device, torch.device) and device.type in ("cpu", "cuda") else None
+        if not isinstance(self.verify, bool):
+            raise TypeError(f"{_OP}: verify must be a bool, got {type(self.verify).__name__}")
+        spec = None
+        if quantize_as is not None:
+            from . import formats
+            if not isinstance(quantize_as, formats.QuantizeSpec):
+                raise TypeError(f"{_OP}: quantize_as must be a pyxfer.formats.QuantizeSpec or None, "
+                                f"got {type(quantize_as).__name__}")
+            spec = _desc_of_spec(quantize_as)
+        if _is_quantized_tensor(x):
+            self.device = x.device
+            desc = _desc_of_tensor(x)
+            self.out_swizzled = desc.swizzled
+            if spec is not None and not self._matches(x, desc, spec):
+                x = x.dequantize()  # the nominal dtype; every usage and format decodes (NVFP4 columnwise too)
+            else:
+                if spec is not None:
+                    self.out_swizzled = spec.swizzled
+                    desc = dataclasses.replace(desc, rowwise=spec.rowwise, columnwise=spec.columnwise)
+                self._prepare_quantized(x, desc, world)
+                return
+        check_tensor(_OP, "x", x)
+        if x.dim() == 0:
+            raise ValueError(f"{_OP}: x must have at least one dim (gathered along dim 0), got a 0-dim tensor")
+        if x.dim() > _MAX_DIMS:
+            raise ValueError(f"{_OP}: x has {x.dim()} dims; at most {_MAX_DIMS} are supported")
+        if x.dtype not in _DTYPE_CODE:
+            raise TypeError(f"{_OP}: x has dtype {x.dtype}, which cannot be gathered")
+        x = x.detach()
+        self.device, self.dtype, self.shape = x.device, x.dtype, tuple(x.shape)
+        if spec is None:
+            self.kind, self.x, self.send = KIND_PLAIN, x, ("plain", x)
+            return
+        if x.dtype not in _HP_DTYPES:
+            raise TypeError(f"{_OP}: quantize_as needs a float32, bfloat16 or float16 tensor, got {x.dtype}")
+        self.kind, self.x, self.desc, self.out_swizzled = KIND_TO_QUANTIZE, x, spec, spec.swizzled
+        self.amax_value = spec.global_amax if spec.fmt == "nvfp4" else None
+        if world == 1:
+            return
+        if not spec.is_quantizable(self.shape):
+            self.send = ("plain", x)  # fallback in the input dtype
+        elif spec.fmt == "nvfp4" and spec.global_amax is None:
+            self.amax_dev = (x.abs().amax().float().reshape(1),)  # global amax = max over ranks, known later
+        else:
+            self.q = spec.quantize(x, swizzled=False)
+            self.send = ("quantized", self.q)
+
+    @staticmethod
+    def _matches(q, desc: _Desc, spec: _Desc) -> bool:
+        """Can ``q`` be gathered as is (maybe dropping a usage, maybe re-swizzled) to give ``spec``?"""
+        if (q.fmt, desc.fp8_dtype, desc.pow2_scales, desc.amax_epsilon) != \
+                (spec.fmt, spec.fp8_dtype, spec.pow2_scales, spec.amax_epsilon):
+            return False
+        if (spec.rowwise and not desc.rowwise) or (spec.columnwise and not desc.columnwise):
+            return False
+        if spec.fmt == "nvfp4" and spec.global_amax is not None:
+            amax = q.amax_rowwise if q.amax_rowwise is not None else q.amax_columnwise
+            return float(amax.reshape(-1)[0].item()) == spec.global_amax
+        return True
+
+    def _prepare_quantized(self, q, desc: _Desc, world):
+        if len(q.shape) == 0 or len(q.shape) > _MAX_DIMS:
+            raise ValueError(f"{_OP}: x has {len(q.shape)} dims; 1 to {_MAX_DIMS} are supported")
+        if not (desc.rowwise or desc.columnwise):
+            raise ValueError(f"{_OP}: x ({q.fmt}) has neither rowwise nor columnwise data")
+        if desc.swizzled:
+            q = q.with_compact_scales()  # gather compact (rank concatenation of swizzled scales is wrong, spec §5)
+        self.kind, self.desc, self.dtype, self.shape = KIND_QUANTIZED, dataclasses.replace(desc, swizzled=False), \
+            q.dtype, tuple(q.shape)
+        if desc.fmt == "nvfp4":
+            row = q.amax_rowwise if desc.rowwise else None
+            col = q.amax_columnwise if desc.columnwise else None
+            self.amax_dev = (row if row is not None else col, col if col is not None else row)
+        self.q = q
+        if world == 1:
+            return
+        if self.desc.is_quantizable(self.shape):
+            self.send = ("quantized", q)
+        else:
+            self.x = q.dequantize()
+            self.send = ("plain", self.x)
+
+    def record(self, rank) -> list:
+        """The host part of this rank's metadata record (amax and hashes are written on the device)."""
+        meta = [0] * _META_LEN
+        meta[_F_MAGIC], meta[_F_RANK] = _MAGIC, rank
+        if self.error is not None:
+            meta[_F_ERROR] = 1
+            return meta
+        d = self.desc
+        meta[_F_KIND], meta[_F_DTYPE], meta[_F_VERIFY] = self.kind, _DTYPE_CODE[self.dtype], int(self.verify)
+        if d is not None:
+            meta[_F_FMT], meta[_F_ROW], meta[_F_COL] = _FORMATS.index(d.fmt), int(d.rowwise), int(d.columnwise)
+            meta[_F_FP8] = _DTYPE_CODE[d.fp8_dtype] if d.fmt != "nvfp4" else 0
+            meta[_F_SWIZZLED], meta[_F_POW2], meta[_F_EPS] = int(self.out_swizzled), int(d.pow2_scales), \
+                _f64_bits(d.amax_epsilon)
+            if d.fmt == "nvfp4":
+                meta[_F_AMAX_AUTO] = int(self.kind == KIND_TO_QUANTIZE and d.global_amax is None)
+                if self.amax_value is not None:
+                    meta[_F_AMAX_ROW] = meta[_F_AMAX_COL] = _f32_bits(self.amax_value)
+        meta[_F_NDIM] = len(self.shape)
+        meta[_F_SHAPE:_F_SHAPE + len(self.shape)] = self.shape
+        if self.verify and self.parts is not None:
+            meta[_F_HASHES_IN_META], meta[_F_NHASH] = 1, len(self.parts)
+            assert len(self.parts) <= _MAX_HASHES
+        return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata exchange and agreement
+
+_OPTS = None
+
+
+def _allgather(outs, ins, group):
+    """Start one coalesced all-gather of ``ins`` (contiguous, one device) into ``outs`` (W times as
+    many elements each, rank-major); returns the backend's Work. The process group's own
+    ``allgather_into_tensor_coalesced`` (NCCL: one ncclGroup; gloo: supported too) is called
+    directly: torch.distributed's Python wrappers add tens of microseconds per call, and
+    ``all_gather_into_tensor`` warns (FutureWarning) on torch >= 2.13."""
+    global _OPTS
+    if _OPTS is None:
+        _OPTS = dist.AllgatherOptions() if hasattr(dist, "AllgatherOptions") else \
+            __import__("torch.distributed.distributed_c10d", fromlist=["x"]).AllgatherOptions()
+        if hasattr(_OPTS, "asyncOp"):
+            _OPTS.asyncOp = True
+    return group.allgather_into_tensor_coalesced(outs, ins, _OPTS)
+
+
+class _MetaBuffers:
+    """Reused metadata buffers of one thread for one (device, world size): pinned host records
+    (written and read through numpy), their device copies, and on CUDA a side stream + event."""
+
+    def __init__(self, device, world):
+        cuda = device.type == "cuda"
+        self.host_send = torch.zeros(_META_LEN, dtype=torch.int64, pin_memory=cuda)
+        self.host_recv = torch.zeros(world * _META_LEN, dtype=torch.int64, pin_memory=cuda)
+        self.send_np, self.recv_np = self.host_send.numpy(), self.host_recv.numpy()
+        self.stream = self.event = None
+        self.dev_send, self.dev_recv = self.host_send, self.host_recv
+        if cuda:
+            self.dev_send = torch.empty(_META_LEN, dtype=torch.int64, device=device)
+            self.dev_recv = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
+            self.stream, self.event = torch.cuda.Stream(device), torch.cuda.Event()
+
+
+_tls = threading.local()
+
+
+def _meta_buffers(device, world) -> _MetaBuffers:
+    cache = getattr(_tls, "meta", None)
+    if cache is None:
+        cache = _tls.meta = {}
+    bufs = cache.get((device, world))
+    if bufs is None:
+        bufs = cache[(device, world)] = _MetaBuffers(device, world)
+    return bufs
+
+
+def _device_values(local: _Local, meta):
+    """Write what the device computes (NVFP4 amax bits, PXH64 of the sent buffers) into ``meta``."""
+    if local.amax_dev is not None:
+        bits = torch.cat([a.reshape(1).float() for a in local.amax_dev]).view(torch.int32).to(torch.int64)
+        meta[_F_AMAX_ROW:_F_AMAX_ROW + bits.numel()].copy_(bits)
+    if local.verify and local.parts is not None:
+        local.hashes = _hash_all(local.parts)
+        meta[_F_HASH:_F_HASH + len(local.parts)].copy_(local.hashes)
+
+
+def _start_exchange(local: _Local, group, rank, world, device) -> _MetaBuffers:
+    """Start the all-gather of the metadata records. On CUDA it runs on a side stream that waits for
+    the caller's stream only when the record holds values computed there (amax, hashes), so the
+    exchange does not wait for unrelated queued work; the host may prepare buffers meanwhile."""
+    bufs = _meta_buffers(device, world)
+    bufs.send_np[:] = local.record(rank)
+    device_values = local.error is None and (local.amax_dev is not None or (local.verify and local.parts is not None))
+    if bufs.stream is None:
+        if device_values:
+            _device_values(local, bufs.dev_send)
+        _allgather([bufs.dev_recv], [bufs.dev_send], group).wait()
+        return bufs
+    if device_values:
+        bufs.stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(bufs.stream):
+        bufs.dev_send.copy_(bufs.host_send, non_blocking=True)
+        if device_values:
+            _device_values(local, bufs.dev_send)
+        _allgather([bufs.dev_recv], [bufs.dev_send], group).wait()
+        bufs.host_recv.copy_(bufs.dev_recv, non_blocking=True)
+        bufs.event.record(bufs.stream)
+    return bufs
+
+
+def _finish_exchange(bufs: _MetaBuffers, world) -> list:
+    """Wait for the records; returns W lists of ints (the host reads them once)."""
+    if bufs.event is not None:
+        bufs.event.synchronize()
+    flat = bufs.recv_np.tolist()
+    return [flat[r * _META_LEN:(r + 1) * _META_LEN] for r in range(world)]
+
+
+def _ranks_by_value(metas, slot_fn):
+    groups = {}
+    for r, m in enumerate(metas):
+        groups.setdefault(slot_fn(m), []).append(r)
+    return groups
+
+
+def _fmt_ranks(ranks):
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _check_agreement(metas, local: _Local, rank: int):
+    """Raise the same ValueError on every rank unless every record agrees (errors name the field,
+    the values and the ranks); a rank whose own input was rejected re-raises its own error."""
+    m0 = metas[0]
+    head = m0[:_AGREE_LEN]
+    if m0[_F_MAGIC] == _MAGIC and not m0[_F_ERROR] and all(m[:_AGREE_LEN] == head for m in metas[1:]) and not (
+            m0[_F_KIND] == KIND_TO_QUANTIZE and m0[_F_FMT] == _NVFP4_CODE and not m0[_F_AMAX_AUTO]):
+        return  # the common case: one comparison per rank
+    bad = [r for r, m in enumerate(metas) if m[_F_MAGIC] != _MAGIC]
+    if bad:
+        raise RuntimeError(f"{_OP}: {_fmt_ranks(bad)} sent no pyxfer gather metadata (different pyxfer versions, "
+                           "or the ranks are not calling all_gather at the same point)")
+    bad = [r for r, m in enumerate(metas) if m[_F_ERROR]]
+    if bad:
+        if local.error is not None:
+            raise local.error
+        raise ValueError(f"{_OP}: {_fmt_ranks(bad)} rejected {'their' if len(bad) > 1 else 'its'} input "
+                         f"(see the error raised there); nothing was gathered")
+
+    def check(name, fn, show):
+        groups = _ranks_by_value(metas, fn)
+        if len(groups) > 1:
+            detail = "; ".join(f"{show(v)} on {_fmt_ranks(rs)}" for v, rs in groups.items())
+            raise ValueError(f"{_OP}: ranks disagree on {name}: {detail}")
+
+    for slot, name in _AGREE:
+        check(name, lambda m, s=slot: m[s], lambda v, s=slot: _describe(s, v))
+    ndim = metas[0][_F_NDIM]
+    check("shape[1:]", lambda m: tuple(m[_F_SHAPE + 1:_F_SHAPE + ndim]), lambda v: str(list(v)))
+    check("dim 0 (shards must be of equal size)", lambda m: m[_F_SHAPE], str)
+    if m0[_F_KIND] == KIND_TO_QUANTIZE and m0[_F_FMT] == _NVFP4_CODE and not m0[_F_AMAX_AUTO]:
+        check("the NVFP4 global_amax of quantize_as", lambda m: m[_F_AMAX_ROW], lambda v: _describe(_F_AMAX_ROW, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# Path decision (identical on every rank: it reads only the gathered records)
+
+class _Plan:
+    """What to gather and how to build the result from the finished parts."""
+
+    def __init__(self, parts, build, hashes_in_meta, warning=None):
+        self.parts, self.build, self.hashes_in_meta, self.warning = parts, build, hashes_in_meta, warning
+
+
+def _amaxes(metas, slot):
+    return [_bits_f32(m[slot]) for m in metas]
+
+
+def _decide(local: _Local, metas, world) -> _Plan:
+    local.build_parts(world)
+    kind = metas[0][_F_KIND]
+    shape = local.shape
+    out_shape = (world * shape[0],) + tuple(shape[1:])
+    if kind == KIND_PLAIN:
+        return _Plan(local.parts, lambda finals: finals[0], True)
+    desc = local.desc
+    ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
+    shard_ok = desc.is_quantizable(shape)
+
+    def quantized_build(q):
+        def build(finals):
+            bufs = {p.name: t for p, t in zip(parts, finals)}
+            amax_row = q.amax_rowwise.clone() if desc.fmt == "nvfp4" and desc.rowwise else None
+            amax_col = q.amax_columnwise.clone() if desc.fmt == "nvfp4" and desc.columnwise else None
+            out = _build_qt(desc, out_shape, local.dtype, bufs, amax_row, amax_col)
+            return out.with_swizzled_scales() if local.out_swizzled else out
+        return build
+
+    def fallback_build(global_amax):
+        out_ok = desc.is_quantizable(out_shape)
+
+        def build(finals):
+            hp = finals[0]
+            if not out_ok:
+                return hp
+            return desc.quantize(hp, global_amax=global_amax, swizzled=local.out_swizzled)
+        return build, out_ok
+
+    if kind == KIND_QUANTIZED:
+        reason = None if shard_ok else f"the shards of shape {list(shape)} on {ranks} cannot be gathered " \
+                                       f"quantized: {_why_not_quantizable(shape, desc.fmt)}"
+        global_amax = None
+        if desc.fmt == "nvfp4":
+            row, col = _amaxes(metas, _F_AMAX_ROW), _amaxes(metas, _F_AMAX_COL)
+            global_amax = max(row + col)
+            if shard_ok and (len(set(row)) > 1 or len(set(col)) > 1):
+                amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(row))
+                reason = (f"the NVFP4 shards were quantized with different global amax ({amaxes}); the quantized "
+                          f"shards cannot share one global scale (quantize with the group's all-reduced amax)")
+        if reason is None:
+            parts = local.parts
+            return _Plan(parts, quantized_build(local.q), True)
+        hashes_in_meta = True
+        if local.x is None:  # predicted quantized (NVFP4 amax differs): dequantize each shard with its own amax
+            local.x = local.q.dequantize()
+            local.parts, hashes_in_meta = [_plain_part(local.x, world)], False
+        build, out_ok = fallback_build(global_amax)
+    else:  # KIND_TO_QUANTIZE
+        if shard_ok:
+            if local.parts is None:  # NVFP4 with the group's amax: max of the shard amaxes = the full tensor's
+                amax = max(_amaxes(metas, _F_AMAX_ROW))
+                local.q = desc.quantize(local.x, global_amax=amax, swizzled=False)
+                local.parts = _quantized_parts(local.q, desc, world)
+                parts = local.parts
+                return _Plan(parts, quantized_build(local.q), False)
+            parts = local.parts
+            return _Plan(parts, quantized_build(local.q), True)
+        reason = f"the shards of shape {list(shape)} on {ranks} cannot be quantized as {desc.fmt}: " \
+                 f"{_why_not_quantizable(shape, desc.fmt)}"
+        build, out_ok = fallback_build(None)
+        hashes_in_meta = True
+    dtype = str(local.x.dtype).removeprefix("torch.")
+    then = f"requantized as {desc.fmt}" if out_ok else \
+        f"returned in {dtype}, because the gathered shape {list(out_shape)} is not quantizable either " \
+        f"({_why_not_quantizable(out_shape, desc.fmt)})"
+    warning = (f"{_OP} gathered in {dtype} instead of {desc.fmt}: {reason}. The result is {then}.",
+               (desc.fmt, "amax" if shard_ok else "shape", out_ok))
+    return _Plan(local.parts, build, hashes_in_meta, warning)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch, finish, handle
+
+def _launch(parts, group):
+    """Start the gathers of every non-empty part: on CUDA (NCCL) in one coalesced collective; on
+    the CPU (gloo) one op per part, because gloo's coalesced all-gather flattens its inputs into one
+    buffer and mis-gathers lists of mixed dtypes (and runs them one by one anyway)."""
+    ops = [p for p in parts if p.nbytes]
+    if not ops:
+        return []
+    if ops[0].send.is_cuda:
+        return [_allgather([p.recv for p in ops], [p.send for p in ops], group)]
+    return [_allgather([p.recv], [p.send], group) for p in ops]
+
+
+def _verify(data_parts, expected, rank, world):
+    """Hash every shard received from another rank (the rank-major bytes, before any fix-up) and
+    compare with the sender's hash; ``expected(r)`` lists rank r's hashes in part order."""
+    checks = [(r, i, p) for r in range(world) if r != rank for i, p in enumerate(data_parts) if p.nbytes]
+    if not checks:
+        return
+    got = torch.stack([torch.ops.pyxfer.checksum(p.region(r), 0) for r, _, p in checks]).tolist()  # one host read
+    want = {r: expected(r) for r in range(world) if r != rank}
+    bad = [(r, p, as_uint64(w), as_uint64(g)) for (r, i, p), g in zip(checks, got)
+           for w in [want[r][i]] if as_uint64(w) != as_uint64(g)]
+    if bad:
+        r, p, w, g = bad[0]
+        more = f" ({len(bad) - 1} more shard buffer(s) mismatched too)" if len(bad) > 1 else ""
+        raise GatherVerificationError(
+            f"{_OP}: the {p.name} shard from rank {r} arrived corrupted on rank {rank}: sender PXH64 {w:#018x}, "
+            f"received PXH64 {g:#018x} ({p.nbytes} bytes){more}",
+            src_rank=r, rank=rank, buffer=p.name, num_bytes=p.nbytes, expected=w, actual=g)
+
+
+_HASH_PART = "pxh64"
+
+
+class GatherHandle:
+    """Returned by ``all_gather(..., async_op=True)``. ``wait()`` waits for the data (on NCCL: makes
+    the current stream wait), then post-processes (verification, layout fix-ups, requantization)
+    and returns the result; later calls return the same object (or raise the same error).
+    ``is_completed()`` says whether the collectives finished (post-processing may still be due)."""
+
+    def __init__(self, works, finish, device):
+        self._works, self._finish, self._device = works, finish, device
+        self._result, self._error, self._done = None, None, False
+
+    def is_completed(self) -> bool:
+        if self._done:
+            return True
+        return all(all(x.is_completed() for x in getattr(w, "works", [w]) if x is not None) for w in self._works)
+
+    def wait(self):
+        if not self._done:
+            try:
+                with _on_device(self._device):
+                    for w in self._works:
+                        w.wait()
+                    self._result = self._finish()
+            except Exception as e:
+                self._error = e
+            self._done, self._works, self._finish = True, None, None
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def _on_device(device):
+    return torch.cuda.device(device) if device is not None and device.type == "cuda" else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings: once per call site and reason, pointing at the first frame outside pyxfer
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_warned = set()
+
+
+def _warn_once(message, key):
+    frame, level = sys._getframe(1), 2  # stacklevel 2 is our caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    site = (frame.f_code.co_filename, frame.f_lineno, key) if frame is not None else (None, None, key)
+    if site in _warned:
+        return
+    _warned.add(site)
+    warnings.warn(message, QuantizedGatherFallbackWarning, stacklevel=level)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _group_info(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{_OP}: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+    if group is None:
+        group = dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{_OP}: this process is not a member of the given group")
+    from torch.distributed import distributed_c10d as c10d
+    if group in c10d._world.pg_coalesce_state:
+        raise RuntimeError(f"{_OP}: cannot run inside torch.distributed._coalescing_manager (it exchanges "
+                           "metadata before gathering); call it outside, with async_op=True for overlap")
+    return group, rank, dist.get_world_size(group)
+
+
+def _default_device(group):
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "gloo" not in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _world_one(local: _Local, x, quantize_as):
+    """World size 1: no communication; x itself unless quantize_as asks for something else."""
+    if local.error is not None:
+        raise local.error
+    if local.kind == KIND_PLAIN or (local.kind == KIND_QUANTIZED and quantize_as is None):
+        return x
+    desc, q = local.desc, local.q
+    if local.kind == KIND_QUANTIZED:  # provides the spec: keep the usages it asks for
+        bufs = {n: t for n, t in q.buffers().items()
+                if n.startswith("rowwise") and desc.rowwise or n.startswith("columnwise") and desc.columnwise}
+        nvfp4 = desc.fmt == "nvfp4"
+        q = _build_qt(desc, q.shape, q.dtype, bufs, q.amax_rowwise if nvfp4 and desc.rowwise else None,
+                      q.amax_columnwise if nvfp4 and desc.columnwise else None)
+    elif q is None:
+        if not desc.is_quantizable(local.shape):
+            return x if isinstance(x, torch.Tensor) else local.x
+        q = desc.quantize(local.x, swizzled=False)
+    return q.with_swizzled_scales() if local.out_swizzled else q
+
+
+def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verify: bool = False):
+    """Gather ``x`` along dim 0 from every rank of ``group`` (default: the world group).
+
+    ``x``: a tensor of any dtype, at least 1 dim (at most 8), any strides, or a
+    pyxfer.formats.QuantizedTensor; on the device the group's backend serves (CUDA for NCCL, CPU for
+    gloo). Every rank must pass the same kind, dtype, shape (dim 0 included), format, usages and
+    options. Result: the same kind as ``x`` with dim 0 multiplied by the world size W, on x's device;
+    a tensor is contiguous. A QuantizedTensor result is bit-identical, scale padding included (zero),
+    to quantizing the gathered high-precision tensor in one process; swizzled inputs give a swizzled
+    result (they are gathered compact).
+
+    ``quantize_as``: a pyxfer.formats.QuantizeSpec asking for a quantized result from a float32 /
+    bfloat16 / float16 tensor (TE's ``quantizer=``): the shard is quantized and gathered quantized
+    when it is quantizable (NVFP4 without a given global amax uses the max of the shard amaxes, i.e.
+    the full tensor's, so the result equals quantizing the full tensor); otherwise the tensor is
+    gathered in its dtype and the result quantized if its shape is quantizable, else returned as is.
+    A QuantizedTensor whose format, options or usages do not provide the spec is dequantized and
+    requantized locally first (one with more usages only drops them).
+
+    Fallback: when a shard is not quantizable for its format (TE's rule: M and K multiples of the
+    block) or NVFP4 shards carry different global amax, x is dequantized to its nominal dtype,
+    gathered contiguous, and requantized with the same format and options when the gathered shape is
+    quantizable (NVFP4 with the max of the shard amaxes), else returned in high precision. A
+    QuantizedGatherFallbackWarning (once per call site and reason) says why.
+
+    ``async_op``: return a GatherHandle at once; its ``wait()`` returns the result. Every step after
+    the data collective (verification, fix-ups, requantization) runs in ``wait()``.
+    ``verify``: every rank checks the PXH64 of every shard it received from another rank against the
+    hash its sender computed before sending (the hashes travel in the metadata exchange).
+
+    World size 1: no communication; returns x itself (quantized per ``quantize_as`` if asked).
+    Mutates nothing it was given. Collectives: one metadata all-gather (blocking: the host reads
+    it), then one (coalesced) data gather. Raises ValueError on every rank when the ranks disagree
+    (the field, its values and the ranks are named) or when a rank's input is invalid (that rank
+    raises its own TypeError/ValueError), GatherVerificationError (a RuntimeError, on the receiving
+    rank, from ``wait()`` when async) for a corrupted shard, RuntimeError when torch.distributed is
+    not initialized or the call is inside a ``_coalescing_manager``.
+    """
+    group, rank, world = _group_info(group)
+    local = _Local(x, quantize_as, verify, world)
+    if world == 1:
+        result = _world_one(local, x, quantize_as)
+        return GatherHandle([], lambda: result, None) if async_op else result
+    device = local.device or _default_device(group)
+    with _on_device(device):
+        exchange = _start_exchange(local, group, rank, world, device)
+        if local.error is None:
+            local.build_parts(world)  # allocations overlap the metadata exchange
+        metas = _finish_exchange(exchange, world)
+        _check_agreement(metas, local, rank)
+        plan = _decide(local, metas, world)
+        data_parts = parts = plan.parts
+        if verify and not plan.hashes_in_meta:  # sent bytes made after the exchange: hashes ride with the data
+            local.hashes = _hash_all(data_parts)
+            hashes = torch.empty(world * len(data_parts), dtype=torch.int64, device=device)
+            parts = data_parts + [_Part(_HASH_PART, local.hashes, hashes, None)]
+        works = _launch(parts, group)
+    if plan.warning is not None:
+        _warn_once(*plan.warning)
+
+    def finish():
+        if testing._gather_faults:
+            testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
+        if verify:
+            if plan.hashes_in_meta:
+                expected = lambda r: metas[r][_F_HASH:_F_HASH + len(data_parts)]  # noqa: E731
+            else:
+                gathered = parts[-1].recv.view(world, len(data_parts)).tolist()
+                expected = lambda r: gathered[r]  # noqa: E731
+            _verify(data_parts, expected, rank, world)
+        return plan.build([p.finish() for p in data_parts])
+
+    handle = GatherHandle(works, finish, device)
+    return handle if async_op else handle.wait()

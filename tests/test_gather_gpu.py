@@ -1,0 +1,67 @@
+"""pyxfer.all_gather on NCCL with two ranks (one process per GPU): the whole case list of
+tests/gather_worker.py (format matrix, plain tensors, faults caught by verify, disagreements, world
+size 1), expected results computed on the CPU, so every gathered buffer is also checked CUDA == CPU
+bit-exact; once with each rank's data on its own GPU and once swapped (rank 0's data on cuda:1 while
+its current device is 0). Plus single-process checks with data on cuda:1 and current device 0."""
+import os
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pyxfer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gather_worker  # noqa: E402
+from test_gather import run_group  # noqa: E402
+
+pytestmark = pytest.mark.multigpu
+
+_cache = {}
+
+
+def nccl_results(swap):
+    if swap not in _cache:
+        _cache[swap] = run_group(2, backend="nccl", extra=("--swap-devices",) if swap else ())
+    return _cache[swap]
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["own-gpu", "swapped-gpus"])
+@pytest.mark.parametrize("case", gather_worker.case_names(2))
+def test_nccl_gather_case(case, swap):
+    seed, results = nccl_results(swap)
+    errors = results.get(case)
+    assert errors is not None, f"case {case} did not run (seed {seed})"
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    assert not failed, f"seed {seed}: " + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    created = not dist.is_initialized()
+    with tempfile.TemporaryDirectory() as tmp:
+        if created:
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
+        yield
+        if created:
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4"])
+def test_world_of_one_on_cuda1_with_current_device_0(world_of_one, fmt, gen):
+    from pyxfer import formats
+    torch.cuda.set_device(0)
+    x_cpu = torch.randn(256, 128, generator=gen).to(torch.bfloat16)
+    x = x_cpu.to("cuda:1")
+    spec = formats.QuantizeSpec(fmt, rowwise=True, columnwise=True)
+    got = pyxfer.all_gather(x, quantize_as=spec, async_op=True).wait()
+    want = spec.quantize(x_cpu)
+    assert torch.cuda.current_device() == 0 and got.device == torch.device("cuda:1")
+    for name, buf in want.buffers().items():
+        assert torch.equal(got.buffers()[name].cpu().view(torch.uint8), buf.view(torch.uint8)), name
+    q = formats.quantize(x, fmt)
+    assert pyxfer.all_gather(q, verify=True) is q
+    torch.cuda.synchronize(1)
