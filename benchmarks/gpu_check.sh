@@ -60,7 +60,7 @@ fi
 if wants benchmarks; then
   step "benchmarks"
   for b in ${PYXFER_BENCHMARKS-checksum transfer buffers formats gather}; do
-    $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log" || status=1
+    $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1
   done
 fi
 

@@ -1,17 +1,30 @@
-"""Where a verified peer copy loses time against a raw one (a diagnostic for benchmarks/transfer.py).
+"""Where a verified peer copy loses time against a raw one (a diagnostic for benchmarks/transfer.py),
+and which chunk schedule of pipelined peer copies is fastest on this machine.
 
-Times, on cuda:0 -> cuda:1 with CUDA events (median of 10; 1 GiB and 256 MiB):
+Times, on cuda:0 -> cuda:1 with CUDA events (median of 10; 16 MiB, 256 MiB and 1 GiB):
   raw copy_                                  dst.copy_(src)
   verified_copy verify="none" / "deferred"   the copy alone / pipelined with the destination hash
+  verified_copy verify="sync"                the same plus the host wait for both hashes
   copy_ + PXH64 of src beside it             contention on the source's memory
   copy_ + PXH64 of another buffer on cuda:1  contention on the destination's memory
   PXH64 alone                                the hash's own time on that size
+and the wall-clock latency of a 4 KiB copy (raw and verified sync, median of 200).
 
-    python benchmarks/peer_overlap.py [--json out.json]
+--schedules "6,2 8,2 2,8" runs the verified cases once per schedule, each in a subprocess with
+PYXFER_PEER_CHUNKS set (read once by the native library: "<shrink>,<min chunk MiB>"; each chunk is
+1/shrink of the one before, none below the minimum; "2,8" is halving with 8 MiB chunks, "1,1" no
+pipelining), and prints them side by side against raw copy_ measured in each run.
+
+    python benchmarks/peer_overlap.py [--schedules "6,2 8,2 2,8"] [--json out.json]
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402,F401
 from common import fmt_size, print_table, write_json  # noqa: E402
+
+SIZES = (16 << 20, 256 << 20, 1 << 30)
 
 
 def timed(fn, reps=10):
@@ -39,46 +54,119 @@ def timed(fn, reps=10):
     return statistics.median(times)
 
 
+def latency_us(fn, reps=200):
+    """Median wall microseconds of fn() plus a synchronize of both GPUs."""
+    times = []
+    for i in range(20 + reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        if i >= 20:
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def verified_cases(src, dst):
+    return {
+        "raw copy_": lambda: dst.copy_(src),
+        "verified none": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="none"),
+        "verified deferred": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="deferred"),
+        "verified sync": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="sync"),
+    }
+
+
+def measure(with_diagnostics):
+    """[{bytes, case, ms}] for every size and case, plus the 4 KiB latencies."""
+    result = []
+    for size in SIZES:
+        src = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:0")
+        dst = torch.empty(size // 4, dtype=torch.int32, device="cuda:1")
+        cases = verified_cases(src, dst)
+        if with_diagnostics:
+            other = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:1")
+            side0, side1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
+
+            def copy_with_hash_beside(hashed, side):
+                side.wait_stream(torch.cuda.current_stream(side.device))
+                with torch.cuda.stream(side):
+                    torch.ops.pyxfer.checksum(hashed, 0)
+                torch.cuda.set_device(0)
+                dst.copy_(src)
+                torch.cuda.current_stream(side.device).wait_stream(side)
+
+            cases["copy_ + hash src beside"] = lambda: copy_with_hash_beside(src, side0)
+            cases["copy_ + hash on cuda:1 beside"] = lambda: copy_with_hash_beside(other, side1)
+            cases["hash src alone"] = lambda: torch.ops.pyxfer.checksum(src, 0)
+        for name, fn in cases.items():
+            result.append({"bytes": size, "case": name, "ms": timed(fn)})
+        del src, dst
+    pyxfer.check_transfers()
+    small = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32, device="cuda:0")
+    small_dst = torch.empty_like(small, device="cuda:1")
+    for name, fn in (("raw copy_", lambda: small_dst.copy_(small)),
+                     ("verified sync", lambda: pyxfer.verified_copy(small, "cuda:1", route="direct"))):
+        result.append({"bytes": 4096, "case": name, "us": latency_us(fn)})
+    return result
+
+
+def run_schedules(schedules):
+    """One subprocess per schedule (the native library reads PYXFER_PEER_CHUNKS once)."""
+    runs = {}
+    for schedule in schedules:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            env = dict(os.environ, PYXFER_PEER_CHUNKS=schedule)
+            subprocess.run([sys.executable, __file__, "--child", "--json", out.name], env=env, check=True)
+            runs[schedule] = json.load(open(out.name))["rows"]
+    return runs
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--schedules", help='chunk schedules to compare, e.g. "6,2 8,2 2,8" (see the docstring)')
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json")
     args = p.parse_args()
     if torch.cuda.device_count() < 2:
         print("peer_overlap: needs 2 GPUs; skipped")
         return
     torch.cuda.set_device(0)
-    rows, result = [], []
-    for size in (256 << 20, 1 << 30):
-        src = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:0")
-        dst = torch.empty(size // 4, dtype=torch.int32, device="cuda:1")
-        other = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:1")
-        side0, side1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
-
-        def copy_with_hash_beside(hashed, side):
-            side.wait_stream(torch.cuda.current_stream(side.device))
-            with torch.cuda.stream(side):
-                torch.ops.pyxfer.checksum(hashed, 0)
-            torch.cuda.set_device(0)
-            dst.copy_(src)
-            torch.cuda.current_stream(side.device).wait_stream(side)
-
-        cases = {
-            "raw copy_": lambda: dst.copy_(src),
-            "verified none": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="none"),
-            "verified deferred": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="deferred"),
-            "verified sync": lambda: pyxfer.verified_copy(src, "cuda:1", route="direct", verify="sync"),
-            "copy_ + hash src beside": lambda: copy_with_hash_beside(src, side0),
-            "copy_ + hash on cuda:1 beside": lambda: copy_with_hash_beside(other, side1),
-            "hash src alone": lambda: torch.ops.pyxfer.checksum(src, 0),
-        }
-        times = {name: timed(fn) for name, fn in cases.items()}
-        pyxfer.check_transfers()
-        raw = times["raw copy_"]
-        for name, ms in times.items():
-            rows.append([fmt_size(size), name, f"{ms:.3f}", f"{size / ms / 1e6:.0f}", f"{ms / raw:.3f}"])
-            result.append({"bytes": size, "case": name, "ms": ms})
-    print_table("peer copy cuda:0 -> cuda:1 and what slows it (CUDA events, median of 10)",
-                ["size", "case", "ms", "GB/s", "x raw"], rows)
+    if args.child:
+        write_json(args.json, {"rows": measure(with_diagnostics=False)})
+        return
+    if args.schedules:
+        runs = run_schedules(args.schedules.split())
+        rows = []
+        for schedule, result in runs.items():
+            raw = {(r["bytes"]): r for r in result if r["case"] == "raw copy_"}
+            for r in result:
+                if r["case"] == "raw copy_":
+                    continue
+                base = raw[r["bytes"]]
+                if "us" in r:
+                    rows.append([schedule, fmt_size(r["bytes"]), r["case"] + " (latency)", f"{r['us']:.1f} us",
+                                 f"raw {base['us']:.1f} us", f"+{r['us'] - base['us']:.1f} us"])
+                else:
+                    rows.append([schedule, fmt_size(r["bytes"]), r["case"], f"{r['ms']:.3f} ms",
+                                 f"raw {base['ms']:.3f} ms", f"{100 * base['ms'] / r['ms']:.1f}% of raw"])
+        print_table("verified peer copies cuda:0 -> cuda:1 per chunk schedule (PYXFER_PEER_CHUNKS; CUDA events, "
+                    "median of 10; 4 KiB: wall latency, median of 200)",
+                    ["schedule", "size", "case", "time", "baseline", "vs raw"], rows)
+        write_json(args.json, {"schedules": runs})
+        return
+    result = measure(with_diagnostics=True)
+    rows = []
+    for size in SIZES:
+        raw = next(r["ms"] for r in result if r["bytes"] == size and r["case"] == "raw copy_")
+        for r in result:
+            if r["bytes"] == size and "ms" in r:
+                rows.append([fmt_size(size), r["case"], f"{r['ms']:.3f}", f"{size / r['ms'] / 1e6:.0f}",
+                             f"{r['ms'] / raw:.3f}"])
+    print_table(f"peer copy cuda:0 -> cuda:1 and what slows it (CUDA events, median of 10; PYXFER_PEER_CHUNKS="
+                f"{os.environ.get('PYXFER_PEER_CHUNKS', 'default')})", ["size", "case", "ms", "GB/s", "x raw"], rows)
+    lat = {r["case"]: r["us"] for r in result if "us" in r}
+    print(f"4 KiB latency (wall, median of 200): raw copy_ {lat['raw copy_']:.1f} us, "
+          f"verified sync {lat['verified sync']:.1f} us (+{lat['verified sync'] - lat['raw copy_']:.1f} us)")
     write_json(args.json, {"rows": result})
 
 

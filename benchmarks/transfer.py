@@ -22,6 +22,7 @@ device memory of a verified copy beyond its destination, and the issue's targets
 """
 import argparse
 import math
+import os
 import re
 import statistics
 import sys
@@ -367,6 +368,9 @@ def main():
             print(f"  {t['result']:>12}  {t['measured']:>9}  {t['target']}")
     else:
         print("targets: defined for a pair of GPUs; not evaluated here\n")
+    # the peer chunk schedule in effect (a tuning knob read by the native library; see peer_overlap.py)
+    result["peer_chunks"] = os.environ.get("PYXFER_PEER_CHUNKS", "default")
+    print(f"PYXFER_PEER_CHUNKS={result['peer_chunks']}")
     write_json(args.json, result)
 
 

@@ -15,6 +15,7 @@ __all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "
 ROUTES = ("auto", "direct", "staged")
 VERIFY_MODES = ("sync", "deferred", "none")
 _NATIVE_PREFIX = "pyxfer.TransferError: "
+_verified_copy_op = torch.ops.pyxfer.verified_copy.default  # the overload itself: no packet lookup per call
 _DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), destination PXH64 (0x[0-9a-f]+)")
 
 
@@ -72,7 +73,7 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     if device.type == "cuda" and not 0 <= device.index < torch.cuda.device_count():
         raise ValueError(f"{op}: device is {device}, which does not exist ({torch.cuda.device_count()} CUDA devices visible)")
     try:
-        return torch.ops.pyxfer.verified_copy(src, device, route, verify)
+        return _verified_copy_op(src, device, route, verify)
     except RuntimeError as e:
         if _NATIVE_PREFIX in str(e):
             raise _from_native(str(e)) from None

@@ -6,6 +6,7 @@ import torch
 import pyxfer
 from pyxfer.testing import FAULT_KINDS, inject_fault
 
+from conftest import run_python
 from tensors import logical_bytes, random_tensor
 
 pytestmark = pytest.mark.multigpu
@@ -185,6 +186,60 @@ def test_autograd_through_a_two_device_model(gen):
     assert loss == ref_loss
     for g, r in zip(grads, ref_grads):
         assert torch.equal(g, r)
+
+
+# Across the one-block hash (<= 64 KiB), the reference kernel, the beside/pipelined paths (>= 4 MiB);
+# offset 3: a misaligned source.
+HASH_SIZES = [1, 7, 4096 + 3, 64 << 10, (64 << 10) + 1, (1 << 20) + 5, (6 << 20) + 3, (40 << 20) + 1]
+
+
+@pytest.mark.parametrize("src_dev,dst_dev", PAIRS)
+def test_reported_hashes_are_the_checksums_of_both_ends(src_dev, dst_dev, gen):
+    # zeros on both paths: the first try's destination hash is that of n zero bytes
+    base = random_tensor((max(HASH_SIZES) + 3,), torch.uint8, gen, device=src_dev)
+    for n in HASH_SIZES:
+        for offset in (0, 3):
+            src = base[offset:offset + n]
+            want = (pyxfer.checksum(src), pyxfer.checksum(torch.zeros(n, dtype=torch.uint8, device=dst_dev)))
+            with inject_fault("zeros", path="direct"), inject_fault("zeros", path="staged"):
+                with pytest.raises(pyxfer.TransferError) as info:
+                    pyxfer.verified_copy(src, dst_dev, route="direct")
+            assert (info.value.src_hash, info.value.dst_hash) == want, (n, offset)
+            with inject_fault("zeros", path="direct"):
+                pyxfer.verified_copy(src, dst_dev, route="direct", verify="deferred")
+            with pytest.raises(pyxfer.TransferError) as info:
+                pyxfer.check_transfers()
+            assert (info.value.src_hash, info.value.dst_hash) == want, (n, offset, "deferred")
+            pyxfer.health.reset()
+
+
+def test_source_overwritten_right_after_a_deferred_copy(gen):
+    # the source hash beside the copy must finish before later work on the source's stream writes src
+    for n in ((6 << 20) + 3, (64 << 20) + 1):
+        src = random_tensor((n,), torch.uint8, gen, device="cuda:0")
+        ref = src.clone()
+        out = pyxfer.verified_copy(src, "cuda:1", verify="deferred")
+        src.zero_()
+        pyxfer.check_transfers()  # no false mismatch
+        assert gpu_bytes_equal(out, ref)
+
+
+@pytest.mark.parametrize("schedule", ["2,8", "8,1", "1,1", "3,0.5"])
+def test_peer_chunk_schedules(schedule):
+    code = """
+import torch, pyxfer
+for n in (5 << 20, (64 << 20) + 3, (300 << 20) + 7):
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0")
+    for verify in ("sync", "deferred"):
+        out = pyxfer.verified_copy(src, "cuda:1", route="direct", verify=verify)
+        assert torch.equal(out.cpu(), src.cpu())
+pyxfer.check_transfers()
+print("ok")
+"""
+    r = run_python(code, env={"PYXFER_PEER_CHUNKS": schedule})
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
+    r = run_python(code, env={"PYXFER_PEER_CHUNKS": "fast"})
+    assert r.returncode != 0 and "PYXFER_PEER_CHUNKS must be" in r.stderr
 
 
 def test_staged_copy_keeps_bounded_pinned_memory(gen):

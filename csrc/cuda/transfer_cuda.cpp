@@ -14,7 +14,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -32,14 +35,44 @@ namespace {
 using c10::cuda::CUDAStream;
 
 constexpr int64_t kOverlapBytes = int64_t(4) << 20;  // from here on, hash beside the copy on side streams
-// Pipelined peer copies hash chunk k on the destination while chunk k+1 moves. Chunks are half of
-// what is left (down to kMinChunkBytes): few chunks (each costs a gap in the copy engine's stream)
-// and a small last chunk (the only hash not hidden behind the copy).
-constexpr int64_t kMinChunkBytes = int64_t(8) << 20;
+
+// Pipelined peer copies hash chunk k on the destination while chunk k+1 moves. Each chunk is
+// (shrink - 1) / shrink of what is left, so it is 1/shrink of the one before: few chunks (each costs
+// a gap in the copy engine's stream) and a small last chunk (the only hash not hidden behind the
+// copy). The hash of chunk k (~4 TB/s) stays hidden behind the copy of chunk k+1 (~0.4 TB/s over
+// NVLink) while shrink < ~10. No chunk is smaller than min_chunk.
+struct PipelineSchedule {
+  int64_t shrink = 6;                    // <= 1: one chunk (the destination hash after the copy)
+  int64_t min_chunk = int64_t(2) << 20;  // bytes, a multiple of 8
+};
+
+// A benchmark/tuning knob, read once: PYXFER_PEER_CHUNKS="<shrink>,<min chunk MiB>", e.g. "2,8" for
+// halving chunks of at least 8 MiB (benchmarks/peer_overlap.py --schedules compares them).
+PipelineSchedule read_schedule() {
+  PipelineSchedule s;
+  const char* text = std::getenv("PYXFER_PEER_CHUNKS");
+  if (text == nullptr || *text == '\0') return s;
+  long long shrink = 0;
+  double min_mib = 0;
+  TORCH_CHECK(std::sscanf(text, "%lld,%lf", &shrink, &min_mib) == 2 && min_mib > 0, "PYXFER_PEER_CHUNKS must be "
+              "'<shrink>,<min chunk MiB>' such as '6,2', got '", text, "'");
+  s.shrink = shrink;
+  s.min_chunk = std::max<int64_t>(8, int64_t(min_mib * double(1 << 20)) / 8 * 8);
+  return s;
+}
+
+const PipelineSchedule& pipeline_schedule() {
+  static const PipelineSchedule schedule = read_schedule();
+  return schedule;
+}
 
 int64_t next_pipeline_end(int64_t begin, int64_t num_bytes) {
-  const int64_t half = ((num_bytes - begin) / 2 + 7) / 8 * 8;
-  return begin + std::max(kMinChunkBytes, half);
+  const PipelineSchedule& s = pipeline_schedule();
+  const int64_t left = num_bytes - begin;
+  if (s.shrink <= 1) return num_bytes;
+  int64_t chunk = std::max(s.min_chunk, (left - left / s.shrink + 7) / 8 * 8);
+  if (left - chunk < s.min_chunk) chunk = left;  // no last chunk below the minimum
+  return begin + chunk;
 }
 
 // NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
@@ -63,16 +96,29 @@ cudaEvent_t ordering_event(c10::DeviceIndex device) {
   return events[device];
 }
 
+// Records the device's ordering event on `s` and returns it (valid for waits until the next record).
+cudaEvent_t record(const CUDAStream& s) {
+  const cudaEvent_t event = ordering_event(s.device_index());
+  const c10::cuda::CUDAGuard guard(s.device_index());
+  C10_CUDA_CHECK(cudaEventRecord(event, s.stream()));
+  return event;
+}
+
+void wait(const CUDAStream& s, cudaEvent_t event) {
+  const c10::cuda::CUDAGuard guard(s.device_index());
+  C10_CUDA_CHECK(cudaStreamWaitEvent(s.stream(), event, 0));
+}
+
 // Work queued on `after` from now on runs after everything queued on `before` so far.
 void order(const CUDAStream& before, const CUDAStream& after) {
-  if (before == after) return;
-  const cudaEvent_t event = ordering_event(before.device_index());
-  {
-    const c10::cuda::CUDAGuard guard(before.device_index());
-    C10_CUDA_CHECK(cudaEventRecord(event, before.stream()));
-  }
-  const c10::cuda::CUDAGuard guard(after.device_index());
-  C10_CUDA_CHECK(cudaStreamWaitEvent(after.stream(), event, 0));
+  if (before != after) wait(after, record(before));
+}
+
+// The host waits for everything queued on `s` so far (by this thread's event: other threads' later
+// work on the same stream is not waited for).
+void host_wait(const CUDAStream& s) {
+  const cudaEvent_t event = record(s);
+  C10_CUDA_CHECK(cudaEventSynchronize(event));
 }
 
 // The caching allocator must not reuse `t`'s memory before work queued on `stream` finished.
@@ -100,8 +146,8 @@ bool can_access_peer(int from, int to) {
 }
 
 // Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver).
-void enable_peer_access(int from, int to) {
-  std::lock_guard<std::mutex> lock(peer_mutex);
+// Caller holds peer_mutex.
+void enable_peer_access_locked(int from, int to) {
   if (!peer_enabled.insert({from, to}).second) return;
   const c10::cuda::CUDAGuard guard(from);
   const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
@@ -112,6 +158,70 @@ void enable_peer_access(int from, int to) {
   }
   C10_CUDA_CHECK(err);
 }
+
+void enable_peer_access(int a, int b) {
+  thread_local std::pair<int, int> enabled{-1, -1};  // the last pair: no lock on repeated copies
+  if (enabled == std::make_pair(a, b)) return;
+  std::lock_guard<std::mutex> lock(peer_mutex);
+  enable_peer_access_locked(a, b);
+  enable_peer_access_locked(b, a);
+  enabled = {a, b};
+}
+
+// ---- sync-mode hash results -----------------------------------------------------------------------
+// A per-thread pair of words in mapped pinned memory (valid on every device through UVA): the hash
+// kernels write their results there and the host reads them after its wait, with no device -> host
+// copy and no allocation per call. Only sync copies use it (the host waits before the next copy of
+// the thread can reuse it; never inside a CUDA graph, whose replays would write it later).
+struct alignas(64) HostHashes {
+  uint64_t src, dst;
+};
+
+class HostHashPool {
+ public:
+  HostHashes* take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) {
+      constexpr int kPerBlock = 64;
+      const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+      void* p = nullptr;
+      C10_CUDA_CHECK(cudaHostAlloc(&p, sizeof(HostHashes) * kPerBlock, cudaHostAllocMapped | cudaHostAllocPortable));
+      for (int i = 0; i < kPerBlock; ++i) free_.push_back(static_cast<HostHashes*>(p) + i);
+    }
+    HostHashes* h = free_.back();
+    free_.pop_back();
+    return h;
+  }
+  void give(HostHashes* h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(h);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<HostHashes*> free_;
+};
+
+HostHashPool& host_hash_pool() {
+  static HostHashPool* pool = new HostHashPool();  // NOTE: leaked on purpose: outlives CUDA teardown order
+  return *pool;
+}
+
+struct ThreadHostHashes {
+  HostHashes* slot = nullptr;
+  ~ThreadHostHashes() {
+    if (slot != nullptr) host_hash_pool().give(slot);
+  }
+};
+thread_local ThreadHostHashes thread_host_hashes;
+
+HostHashes* host_hashes() {
+  if (thread_host_hashes.slot == nullptr) thread_host_hashes.slot = host_hash_pool().take();
+  return thread_host_hashes.slot;
+}
+
+// After an error between launch and wait, kernels may still write the slot: never reuse it.
+void abandon_host_hashes() { thread_host_hashes.slot = nullptr; }
 
 // ---- the bounded pool of pinned staging buffers --------------------------------------------------
 // num_slots buffers of chunk_bytes in one portable pinned allocation. A slot is held only while one
@@ -238,6 +348,19 @@ TransferErrorRecord take_cuda_errors() {
 }
 
 // ---- one transfer with at least one CUDA end ------------------------------------------------------
+uint64_t cpu_hash(const at::Tensor& t) { return u64(*checksum_op(t, 0).data_ptr<int64_t>()); }
+
+// *out = PXH64(t) on `s` (t's device): one launch below kSmallHashBytes, else the reference kernel
+// (memset of its workspace + launch). Workspaces are allocated on `s` itself (stream-ordered reuse).
+void hash_on(const CUDAStream& s, const at::Tensor& t, uint64_t* out) {
+  const c10::cuda::CUDAStreamGuard on(s);
+  if (uint64_t(t.nbytes()) <= kSmallHashBytes) {
+    C10_CUDA_CHECK(launch_pxh64_small(t.data_ptr(), t.nbytes(), 0, out, s.stream()));
+  } else {
+    pxh64_into(t, 0, out);
+  }
+}
+
 class CudaPath final : public TransferPath {
  public:
   CudaPath(const at::Device& src, const at::Device& dst) : src_(src), dst_(dst) {
@@ -252,90 +375,85 @@ class CudaPath final : public TransferPath {
     if (peer_ && sb_capturing_ && !sa_capturing_) sa_ = c10::cuda::getStreamFromPool(false, src_.index());
   }
 
+  ~CudaPath() override {
+    if (host_pending_) abandon_host_hashes();  // an error came between the launches and the wait
+  }
+
   at::Device dst_device() const override { return dst_; }
   bool direct_supported() const override { return !peer_ || can_access_peer(src_.index(), dst_.index()); }
   bool capturing() const override { return sa_capturing_ || sb_capturing_; }
 
-  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype) override {
+  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) override {
+    verify_ = verify;
+    // Sync results (and any comparison with a CPU destination) land in the thread's mapped host words;
+    // deferred ones stay on the destination GPU for the latch kernel (in capture: the graph's pool).
+    on_host_ = verify == Verify::kSync || (verify == Verify::kDeferred && !dst_.is_cuda());
+    if (on_host_) {
+      host_ = host_hashes();
+      host_pending_ = true;
+    }
     const auto options = at::TensorOptions().dtype(dtype).device(dst_);
     if (!dst_.is_cuda()) return at::empty(sizes, options);
     if (sa_capturing_) order(*sa_, *sb_);  // fork: Sb joins the capture
-    const c10::cuda::CUDAStreamGuard on(*sb_);  // allocations belong to Sb (in capture: the graph's pool)
-    at::Tensor dst = at::empty(sizes, options);
-    // [0] source hash (moved here), [1] destination hash, [2..3] the destination hash's workspace
-    hashes_ = at::empty({4}, options.dtype(at::kLong));
-    C10_CUDA_CHECK(cudaMemsetAsync(hashes_.data_ptr(), 0, hashes_.nbytes(), sb_->stream()));
+    at::Tensor dst;
+    {
+      const c10::cuda::CUDAStreamGuard on(*sb_);  // allocations belong to Sb (in capture: the graph's pool)
+      dst = at::empty(sizes, options);
+      if (verify == Verify::kDeferred) {
+        // [0] source hash (copied here), [1] destination hash, [2] running sum of pipelined chunk hashes
+        hashes_ = at::empty({3}, options.dtype(at::kLong));
+        C10_CUDA_CHECK(cudaMemsetAsync(hashes_.data_ptr(), 0, hashes_.nbytes(), sb_->stream()));
+      }
+    }
     if (peer_) order(*sb_, *sa_);  // Sa writes dst and hashes_ only after their allocation on Sb
     return dst;
   }
 
-  at::Tensor hash_src(const at::Tensor& src, int64_t seed) override {
-    if (!src_.is_cuda()) return checksum_op(src, seed);
-    const c10::cuda::CUDAGuard guard(src_);
-    const bool beside = int64_t(src.nbytes()) >= kOverlapBytes;  // hash beside the copy, not before it
-    hash_stream_ = *sa_;
-    if (beside) {
-      hash_stream_ = c10::cuda::getStreamFromPool(false, src_.index());
-      order(*sa_, *hash_stream_);
-      keep_alive_on(src, *hash_stream_);
-    }
-    const c10::cuda::CUDAStreamGuard on(*hash_stream_);
-    at::Tensor hash = at::empty({}, src.options().dtype(at::kLong));
-    pxh64_into(src, seed, u64_of(hash));
-    if (dst_.is_cuda()) {  // next to the destination hash, for one comparison there (Sb waits for it)
-      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), hash.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
-                                     hash_stream_->stream()));
-    }
-    return hash;
-  }
-
-  at::Tensor copy_and_hash(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan,
-                           bool hash, int64_t seed) override {
+  void copy(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) override {
     num_bytes_ = plan.num_bytes;
-    bool hashed = false;
-    if (route == Route::kStaged) {
-      copy_staged(dst, src, plan);
-    } else if (src_.is_cuda() && dst_.is_cuda()) {
-      hashed = copy_device_to_device(dst, src, plan, hash, seed);
+    const bool hash = verify_ != Verify::kNone;
+    beside_ = hash && src_.is_cuda() && plan.num_bytes >= kOverlapBytes;
+    const bool device_to_device = route != Route::kStaged && src_.is_cuda() && dst_.is_cuda();
+    bool dst_hashed = false;
+    if (device_to_device) {
+      dst_hashed = copy_device_to_device(dst, src, plan);  // queues the source hash after the first chunk
     } else {
-      copy_host_device(dst, src, plan);
+      if (hash && src_.is_cuda()) hash_src(src, nullptr);  // beside the copy (a side stream) or before it
+      if (route == Route::kStaged) copy_staged(dst, src, plan);
+      else copy_host_device(dst, src, plan);
     }
-    at::Tensor dst_hash;
-    if (hash && dst_.is_cuda()) {
-      const c10::cuda::CUDAStreamGuard on(*sb_);
-      if (!hashed) pxh64_into(dst, seed, u64_of(hashes_) + 1);  // on Sb, after the data landed there
-      dst_hash = hashes_.select(0, 1);
-    } else if (hash) {
-      dst_hash = checksum_op(dst, seed);
+    if (hash && src_.is_cpu()) src_value_ = cpu_hash(src);  // after queuing the copy: overlaps a pinned one
+    if (hash && !dst_hashed) {
+      if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());  // on Sb, after the data landed there
+      else dst_value_ = cpu_hash(dst);                     // torch's copy into host memory has finished
     }
-    if (hash_stream_ && dst_.is_cuda()) order(*hash_stream_, *sb_);  // the source hash arrived
-    if (!hash) join();
-    return dst_hash;
+    if (ha_) {
+      order(*ha_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
+      if (hash && dst_.is_cuda()) order(*ha_, *sb_);  // the source hash is there for the comparison
+    } else if (hash && src_.is_cuda() && dst_.is_cuda() && !sa_joined_sb_) {
+      order(*sa_, *sb_);  // the source hash (queued on Sa) is there for the comparison
+    }
+    if (verify_ == Verify::kNone) join();
   }
 
-  bool compare(const at::Tensor& src_hash, const at::Tensor& dst_hash, bool deferred, uint64_t* src_value,
-               uint64_t* dst_value) override {
-    if (deferred && dst_.is_cuda()) {
+  bool compare(uint64_t* src_value, uint64_t* dst_value) override {
+    if (!on_host_) {  // deferred with a CUDA destination: compare on Sb, latch a mismatch
       const c10::cuda::CUDAGuard guard(dst_);
       const uint64_t* src_ptr = src_.is_cuda() ? u64_of(hashes_) : nullptr;
-      const uint64_t src_val = src_.is_cuda() ? 0 : u64(src_hash.item<int64_t>());
-      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_val, u64_of(hashes_) + 1, device_latch(dst_.index()),
+      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_value_, u64_of(hashes_) + 1, device_latch(dst_.index()),
                                            device_code(src_), device_code(dst_), num_bytes_, sb_->stream()));
       join();
       return true;
     }
-    if (dst_.is_cuda()) {  // one read of both hashes, waiting for Sb only
-      const c10::cuda::CUDAStreamGuard on(*sb_);
-      const at::Tensor both = hashes_.narrow(0, 0, 2).cpu();
-      *src_value = src_.is_cuda() ? u64(both.data_ptr<int64_t>()[0]) : u64(src_hash.item<int64_t>());
-      *dst_value = u64(both.data_ptr<int64_t>()[1]);
-    } else {
-      const c10::cuda::CUDAStreamGuard on(*hash_stream_);
-      *src_value = u64(src_hash.item<int64_t>());
-      *dst_value = u64(dst_hash.item<int64_t>());
-    }
+    // NOTE: every write of the host words was joined into Sb (CUDA destination) or Sa (CPU destination).
+    if (dst_.is_cuda()) host_wait(*sb_);
+    else if (src_.is_cuda()) host_wait(*sa_);
+    host_pending_ = false;
+    const volatile HostHashes* h = host_;
+    *src_value = src_.is_cuda() ? h->src : src_value_;
+    *dst_value = dst_.is_cuda() ? h->dst : dst_value_;
     const bool match = *src_value == *dst_value;
-    if (!match && deferred) {  // device -> host: the comparison ran on the host
+    if (!match && verify_ == Verify::kDeferred) {  // device -> host: the comparison ran on the host
       latch_host_error(device_code(src_), device_code(dst_), num_bytes_, *src_value, *dst_value);
       return true;
     }
@@ -350,29 +468,54 @@ class CudaPath final : public TransferPath {
     else if (sb_capturing_) order(*sa_, *sb_);
   }
 
-  // Direct GPU -> GPU (peer copy engine, or a device-local copy), in chunks on Sa. For a large peer
-  // copy with hashing, each chunk is hashed on Hb (device B) as soon as it landed, into hashes_[1];
-  // returns whether it did.
-  bool copy_device_to_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan, bool hash,
-                             int64_t seed) {
-    if (peer_) {
-      enable_peer_access(src_.index(), dst_.index());
-      enable_peer_access(dst_.index(), src_.index());
+  // Where the hash kernels write: the thread's mapped host words, else the destination GPU's hashes_
+  // (the source hash via a scratch word on its own device, then copied).
+  uint64_t* dst_out() { return on_host_ ? &host_->dst : u64_of(hashes_) + 1; }
+
+  // PXH64 of the source on its device: on Sa before the copy, or (beside_) on a side stream Ha that
+  // forks from Sa at `fork` (an event recorded on Sa before the copy was queued; null: now).
+  void hash_src(const at::Tensor& src, cudaEvent_t fork) {
+    CUDAStream s = *sa_;
+    if (beside_) {
+      s = c10::cuda::getStreamFromPool(false, src_.index());
+      if (fork != nullptr) wait(s, fork);
+      else order(*sa_, s);
+      keep_alive_on(src, s);
+      ha_ = s;
     }
+    if (on_host_) {
+      hash_on(s, src, &host_->src);
+      return;
+    }
+    const c10::cuda::CUDAStreamGuard on(s);
+    const at::Tensor scratch = at::empty({}, src.options().dtype(at::kLong));  // reused in s's order
+    hash_on(s, src, u64_of(scratch));
+    if (dst_.is_cuda()) {  // next to the destination hash, for the latch kernel on Sb
+      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), scratch.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                                     s.stream()));
+    }
+  }
+
+  // Direct GPU -> GPU (peer copy engine, or a device-local copy), in chunks on Sa. The source hash is
+  // queued on Sa first (small) or beside the copy after its first chunk (the copy starts sooner).
+  // For a large peer copy with hashing, each chunk is hashed on Hb (device B) as soon as it landed;
+  // returns whether it did (then the destination hash is done).
+  bool copy_device_to_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan) {
+    if (peer_) enable_peer_access(src_.index(), dst_.index());
+    const bool hash = verify_ != Verify::kNone;
     const bool pipelined = hash && peer_ && plan.num_bytes >= kOverlapBytes;
+    cudaEvent_t fork = nullptr;
+    if (beside_) fork = record(*sa_);  // NOTE: no other record of Sa's device event before hash_src waits on it
+    else if (hash) hash_src(src, nullptr);
     c10::optional<CUDAStream> hb;
-    if (pipelined) {
-      hb = c10::cuda::getStreamFromPool(false, dst_.index());
-      order(*sb_, *hb);  // after dst and hashes_ (zeroed) were made on Sb
-      keep_alive_on(dst, *hb);
-      keep_alive_on(hashes_, *hb);
-    }
+    at::Tensor sum;  // the running sum of chunk hashes (sync; deferred uses hashes_[2])
     const c10::cuda::CUDAGuard guard(src_);
     const cudaStream_t sa = sa_->stream();
     uint8_t* d = bytes_of(dst);
     const uint8_t* s = bytes_of(src);
     const int64_t n = plan.num_bytes;
     const auto next_end = [&](int64_t begin) { return pipelined ? next_pipeline_end(begin, n) : n; };
+    bool first = true;
     for_each_range(plan, next_end, [&](const PlanChunk& c) {
       if (c.zero_fill) C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), sa));
       if (c.copy_length > 0) {  // UVA + peer access: the copy engine moves it directly (capturable)
@@ -380,19 +523,37 @@ class CudaPath final : public TransferPath {
                                        cudaMemcpyDeviceToDevice, sa));
       }
       if (c.flip_byte >= 0) C10_CUDA_CHECK(launch_xor_byte(d + c.flip_byte, plan.flip_mask, sa));
+      if (first) {  // the first chunk is queued: now the work beside it
+        first = false;
+        if (fork != nullptr) hash_src(src, fork);
+        if (pipelined) {
+          hb = c10::cuda::getStreamFromPool(false, dst_.index());
+          order(*sb_, *hb);  // after dst and hashes_ were made on Sb
+          if (on_host_) {
+            const c10::cuda::CUDAStreamGuard on_b(*hb);
+            sum = at::empty({1}, dst.options().dtype(at::kLong));
+            C10_CUDA_CHECK(cudaMemsetAsync(sum.data_ptr(), 0, sum.nbytes(), hb->stream()));
+          }
+        }
+      }
       if (pipelined) {
-        order(*sa_, *hb);
+        wait(*hb, record(*sa_));
         const c10::cuda::CUDAGuard on_b(dst_);
-        C10_CUDA_CHECK(launch_pxh64(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin / 8), u64(seed),
-                                    u64_of(hashes_) + 2, nullptr, nullptr, 0, hb->stream()));
+        C10_CUDA_CHECK(launch_pxh64(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin / 8), 0,
+                                    on_host_ ? u64_of(sum) : u64_of(hashes_) + 2, nullptr, nullptr, 0,
+                                    hb->stream()));
       }
     });
+    if (first && fork != nullptr) hash_src(src, fork);  // no chunk at all
     order(*sa_, *sb_);  // the copy landed, for Sb
+    sa_joined_sb_ = true;
     if (!pipelined) return false;
-    const c10::cuda::CUDAGuard on_b(dst_);
-    C10_CUDA_CHECK(launch_pxh64_combine(u64_of(hashes_) + 2, 1, uint64_t(plan.num_bytes), u64(seed),
-                                        u64_of(hashes_) + 1, hb->stream()));
-    order(*hb, *sb_);
+    {
+      const c10::cuda::CUDAGuard on_b(dst_);
+      C10_CUDA_CHECK(launch_pxh64_combine(on_host_ ? u64_of(sum) : u64_of(hashes_) + 2, 1, uint64_t(n), 0,
+                                          dst_out(), hb->stream()));
+    }
+    order(*hb, *sb_);  // NOTE: also keeps dst and sum alive for Hb's reads (later Sb work comes after)
     return true;
   }
 
@@ -497,8 +658,12 @@ class CudaPath final : public TransferPath {
 
   at::Device src_, dst_;
   bool peer_ = false, sa_capturing_ = false, sb_capturing_ = false;
-  c10::optional<CUDAStream> sa_, sb_, hash_stream_;
-  at::Tensor hashes_;  // on the destination GPU: [src hash, dst hash, workspace x2]
+  c10::optional<CUDAStream> sa_, sb_, ha_;  // ha_: the source hash's side stream, if any
+  Verify verify_ = Verify::kNone;
+  bool on_host_ = false, host_pending_ = false, beside_ = false, sa_joined_sb_ = false;
+  HostHashes* host_ = nullptr;  // sync results (on_host_)
+  at::Tensor hashes_;           // deferred results on the destination GPU: [src hash, dst hash, chunk sum]
+  uint64_t src_value_ = 0, dst_value_ = 0;  // hashes of CPU ends
   int64_t num_bytes_ = 0;
 };
 

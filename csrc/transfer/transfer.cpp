@@ -10,6 +10,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -23,7 +24,6 @@ namespace pyxfer {
 namespace {
 
 constexpr const char* kOp = "pyxfer.verified_copy";
-enum class Verify { kNone, kSync, kDeferred };
 enum HealthState : int64_t { kUnknown = 0, kHealthy = 1, kCorrupt = 2 };
 
 // ---- health registry: ordered (src, dst) device codes -> state -----------------------------------
@@ -53,6 +53,7 @@ struct FaultEntry {
 std::mutex fault_mutex;
 std::vector<FaultEntry> faults;
 int64_t next_fault_id = 1;
+std::atomic<int64_t> num_faults{0};  // faults.size(): copies skip the lock while none is armed
 
 FaultKind parse_fault_kind(c10::string_view kind) {
   if (kind == "zeros") return FaultKind::kZeros;
@@ -82,6 +83,7 @@ Verify parse_verify(c10::string_view verify) {
 CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
   CopyPlan plan{num_bytes, 0, 0, num_bytes, false, -1, 0};
   if (num_bytes == 0) return plan;  // nothing to corrupt: a pending fault waits for a real copy
+  if (num_faults.load(std::memory_order_acquire) == 0) return plan;
   std::lock_guard<std::mutex> lock(fault_mutex);
   for (FaultEntry& f : faults) {
     if (f.remaining <= 0 || f.path != route || (f.src != kAnyDevice && f.src != src) ||
@@ -122,20 +124,21 @@ CudaErrorTaker cuda_error_taker = nullptr;
 std::mutex host_staging_mutex;
 std::vector<uint8_t> host_staging;
 
+// PXH64 of a CPU tensor, read straight from the op's 0-dim result (no item() dispatch).
+uint64_t host_hash(const at::Tensor& t) { return u64(*checksum_op(t, 0).data_ptr<int64_t>()); }
+
 class HostPath final : public TransferPath {
  public:
   at::Device dst_device() const override { return at::kCPU; }
   bool direct_supported() const override { return true; }
   bool capturing() const override { return false; }
 
-  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype) override {
+  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) override {
+    verify_ = verify;
     return at::empty(sizes, at::TensorOptions().dtype(dtype));
   }
 
-  at::Tensor hash_src(const at::Tensor& src, int64_t seed) override { return checksum_op(src, seed); }
-
-  at::Tensor copy_and_hash(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan,
-                           bool hash, int64_t seed) override {
+  void copy(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) override {
     num_bytes_ = plan.num_bytes;
     auto* d = static_cast<uint8_t*>(dst.data_ptr());
     const auto* s = static_cast<const uint8_t*>(src.data_ptr());
@@ -155,21 +158,24 @@ class HostPath final : public TransferPath {
       }
       if (c.flip_byte >= 0) d[c.flip_byte] ^= plan.flip_mask;
     });
-    return hash ? checksum_op(dst, seed) : at::Tensor();
+    if (verify_ == Verify::kNone) return;
+    src_hash_ = host_hash(src);
+    dst_hash_ = host_hash(dst);
   }
 
-  bool compare(const at::Tensor& src_hash, const at::Tensor& dst_hash, bool deferred, uint64_t* src_value,
-               uint64_t* dst_value) override {
-    *src_value = u64(src_hash.item<int64_t>());
-    *dst_value = u64(dst_hash.item<int64_t>());
-    if (*src_value == *dst_value) return true;
-    if (!deferred) return false;
-    latch_host_error(kCpuCode, kCpuCode, num_bytes_, *src_value, *dst_value);
+  bool compare(uint64_t* src_value, uint64_t* dst_value) override {
+    *src_value = src_hash_;
+    *dst_value = dst_hash_;
+    if (src_hash_ == dst_hash_) return true;
+    if (verify_ != Verify::kDeferred) return false;
+    latch_host_error(kCpuCode, kCpuCode, num_bytes_, src_hash_, dst_hash_);
     return true;
   }
 
  private:
+  Verify verify_ = Verify::kNone;
   int64_t num_bytes_ = 0;
+  uint64_t src_hash_ = 0, dst_hash_ = 0;
 };
 
 void check_device(const char* op, const char* arg, const at::Device& device) {
@@ -191,16 +197,13 @@ struct Attempt {
   uint64_t src_hash = 0, dst_hash = 0;
 };
 
-Attempt attempt(const char* op, const at::Tensor& src, const at::Device& device, Route route, Verify verify) {
-  std::unique_ptr<TransferPath> path = make_path(op, src, device);
-  const int64_t src_code = device_code(src.device()), dst_code = device_code(path->dst_device());
+Attempt attempt(TransferPath& path, const at::Tensor& src, Route route, Verify verify) {
+  const int64_t src_code = device_code(src.device()), dst_code = device_code(path.dst_device());
   Attempt a;
-  a.dst = path->make_dst(src.sizes(), src.scalar_type());
+  a.dst = path.make_dst(src.sizes(), src.scalar_type(), verify);
   const CopyPlan plan = plan_copy(src_code, dst_code, route, int64_t(src.nbytes()));
-  const bool hash = verify != Verify::kNone;
-  const at::Tensor src_hash = hash ? path->hash_src(src, 0) : at::Tensor();
-  const at::Tensor dst_hash = path->copy_and_hash(a.dst, src, route, plan, hash, 0);
-  if (hash) a.ok = path->compare(src_hash, dst_hash, verify == Verify::kDeferred, &a.src_hash, &a.dst_hash);
+  path.copy(a.dst, src, route, plan);
+  if (verify != Verify::kNone) a.ok = path.compare(&a.src_hash, &a.dst_hash);
   return a;
 }
 
@@ -215,21 +218,21 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   check_dense(kOp, "src", src);
   const Route requested = parse_route(kOp, route_name);
   const Verify verify = parse_verify(verify_name);
-  std::unique_ptr<TransferPath> probe = make_path(kOp, src, device);  // validates before any allocation
-  const at::Device dst_device = probe->dst_device();
+  // Validates before any allocation, answers the routing questions, then runs the first attempt.
+  std::unique_ptr<TransferPath> path = make_path(kOp, src, device);
+  const at::Device dst_device = path->dst_device();
   const int64_t src_code = device_code(src.device()), dst_code = device_code(dst_device);
   Route route = requested;
   if (route == Route::kAuto)
-    route = (health_get(src_code, dst_code) == kCorrupt || !probe->direct_supported()) ? Route::kStaged : Route::kDirect;
-  TORCH_CHECK(route != Route::kDirect || probe->direct_supported(), kOp, ": route='direct' is not available from ",
+    route = (health_get(src_code, dst_code) == kCorrupt || !path->direct_supported()) ? Route::kStaged : Route::kDirect;
+  TORCH_CHECK(route != Route::kDirect || path->direct_supported(), kOp, ": route='direct' is not available from ",
               src.device(), " to ", dst_device, " (no peer access between them); use route='auto' or 'staged'");
-  TORCH_CHECK(verify != Verify::kSync || !probe->capturing(), kOp,
+  TORCH_CHECK(verify != Verify::kSync || !path->capturing(), kOp,
               ": verify='sync' waits for the checksums, which cannot happen while a CUDA graph is being captured; "
               "use verify='deferred' (then pyxfer.check_transfers() after replays)");
-  probe.reset();
 
   const at::Tensor s = src.contiguous();  // the result is contiguous; hash and copy the same bytes
-  Attempt first = attempt(kOp, s, dst_device, route, verify);
+  Attempt first = attempt(*path, s, route, verify);
   if (first.ok) {
     if (verify == Verify::kSync && route == Route::kDirect && health_get(src_code, dst_code) == kUnknown)
       health_set(src_code, dst_code, kHealthy);
@@ -238,7 +241,8 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   // NOTE: only the sync mode gets here; nothing unverified is returned.
   health_set(src_code, dst_code, kCorrupt);
   first.dst = at::Tensor();
-  const Attempt second = attempt(kOp, s, dst_device, Route::kStaged, Verify::kSync);
+  path = make_path(kOp, s, dst_device);
+  const Attempt second = attempt(*path, s, Route::kStaged, Verify::kSync);
   if (second.ok) return second.dst;
   TORCH_CHECK(false, "pyxfer.TransferError: copy ", device_name(src_code), " -> ", device_name(dst_code), " of ",
               s.nbytes(), " bytes failed verification on the ", route == Route::kDirect ? "direct" : "staged",
@@ -249,10 +253,8 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
 at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
   constexpr const char* op = "pyxfer.staged_copy";
   check_dense(op, "src", src);
-  std::unique_ptr<TransferPath> probe = make_path(op, src, device);
-  const at::Device dst_device = probe->dst_device();
-  probe.reset();
-  return attempt(op, src.contiguous(), dst_device, Route::kStaged, Verify::kNone).dst;
+  std::unique_ptr<TransferPath> path = make_path(op, src, device);  // validates before any allocation
+  return attempt(*path, src.contiguous(), Route::kStaged, Verify::kNone).dst;
 }
 
 // Autograd in C++ (not torch.library.register_autograd): no Python on the path of every copy.
@@ -276,7 +278,7 @@ class VerifiedCopyFunction : public torch::autograd::Function<VerifiedCopyFuncti
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
- private:
+ public:
   static at::Tensor verified_copy_op(const at::Tensor& src, at::Device device, c10::string_view route,
                                      c10::string_view verify) {
     static const auto op = c10::Dispatcher::singleton()
@@ -288,6 +290,10 @@ class VerifiedCopyFunction : public torch::autograd::Function<VerifiedCopyFuncti
 
 at::Tensor verified_copy_autograd(const at::Tensor& src, at::Device device, c10::string_view route,
                                   c10::string_view verify) {
+  if (!at::GradMode::is_enabled() || !src.requires_grad()) {  // no graph to record: skip the node's cost
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return VerifiedCopyFunction::verified_copy_op(src, device, route, verify);
+  }
   return VerifiedCopyFunction::apply(src, device, std::string(route), std::string(verify));
 }
 
@@ -345,6 +351,7 @@ int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::stri
   std::lock_guard<std::mutex> lock(fault_mutex);
   faults.push_back({next_fault_id, k, src, dst, path == "direct" ? Route::kDirect : Route::kStaged, times,
                     std::mt19937_64(uint64_t(seed))});
+  num_faults.store(int64_t(faults.size()), std::memory_order_release);
   return next_fault_id++;
 }
 
@@ -354,6 +361,7 @@ int64_t fault_pop_op(int64_t id) {
     if (it->id == id) {
       const int64_t remaining = it->remaining;
       faults.erase(it);
+      num_faults.store(int64_t(faults.size()), std::memory_order_release);
       return remaining;
     }
   }

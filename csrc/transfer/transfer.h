@@ -15,6 +15,7 @@
 namespace pyxfer {
 
 enum class Route { kAuto, kDirect, kStaged };
+enum class Verify { kNone, kSync, kDeferred };
 enum class FaultKind { kNone, kZeros, kBitflip, kStale, kTruncate, kShift };
 
 // Device codes used by the health registry, fault selectors and error records: -1 is the CPU,
@@ -68,8 +69,10 @@ void for_each_chunk(const CopyPlan& plan, int64_t chunk_bytes, const Fn& fn) {
   for_each_range(plan, [&](int64_t begin) { return begin + chunk_bytes; }, fn);
 }
 
-// The mechanics of one copy from the source tensor's device to a destination device, for one call:
-// make_dst, hash_src (optional), copy_and_hash, compare (optional), in that order.
+// The mechanics of one copy from the source tensor's device to a destination device, for one attempt:
+// make_dst, copy, compare (unless verify is kNone), in that order. verified_copy builds one path per
+// call (it validates the devices and answers the routing questions) and reuses it for the first
+// attempt; a staged repair gets a fresh one.
 class TransferPath {
  public:
   virtual ~TransferPath() = default;
@@ -78,20 +81,17 @@ class TransferPath {
   virtual bool direct_supported() const = 0;
   // Whether a current stream of either device is capturing a CUDA graph (no host waits allowed).
   virtual bool capturing() const = 0;
-  // The destination tensor (contiguous), allocated so that every later step is ordered after it.
-  virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype) = 0;
-  // PXH64 of the (contiguous) source as a 0-dim int64 on its device; may run beside the copy.
-  virtual at::Tensor hash_src(const at::Tensor& src, int64_t seed) = 0;
-  // Execute `plan` (src/dst contiguous, same number of bytes) along `route`. Returns the PXH64 of the
-  // destination after the data landed (0-dim int64 on its device) when `hash`, else an undefined
-  // tensor. Afterwards, work on the destination device's current stream sees the copied bytes.
-  virtual at::Tensor copy_and_hash(const at::Tensor& dst, const at::Tensor& src, Route route,
-                                   const CopyPlan& plan, bool hash, int64_t seed) = 0;
-  // deferred=false: wait for both hashes, store them and return whether they match.
-  // deferred=true: compare without a host wait where the device allows it; a mismatch is latched
+  // The destination tensor (contiguous), allocated so that every later step is ordered after it, and
+  // whatever `verify` needs beside it.
+  virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) = 0;
+  // Execute `plan` (src/dst contiguous, same number of bytes) along `route`; unless verify is kNone,
+  // also hash (PXH64, seed 0) the source on its device and the destination on its device after the
+  // data landed. Afterwards, work on the destination device's current stream sees the copied bytes.
+  virtual void copy(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) = 0;
+  // kSync: wait for both hashes, store them and return whether they match.
+  // kDeferred: compare without a host wait where the device allows it; a mismatch is latched
   // (take_transfer_errors) and true is returned.
-  virtual bool compare(const at::Tensor& src_hash, const at::Tensor& dst_hash, bool deferred,
-                       uint64_t* src_value, uint64_t* dst_value) = 0;
+  virtual bool compare(uint64_t* src_value, uint64_t* dst_value) = 0;
 };
 
 // A mismatch found by a deferred comparison, kept until take_transfer_errors().
