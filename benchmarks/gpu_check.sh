@@ -27,8 +27,9 @@ status=0
 if wants build; then
   step "build (PYXFER_CUDA_ARCHS=${PYXFER_CUDA_ARCHS:-default})"
   start=$(date +%s)
-  if ! PYXFER_WITH_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
-    grep -n -B2 -A8 "error" "$OUT/build.log" | head -80; tail -20 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+  log=$(mktemp)  # kept in $OUT only when the build fails
+  if ! PYXFER_WITH_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} $PY -m pip install --no-build-isolation --no-deps -e . > "$log" 2>&1; then
+    cp "$log" "$OUT/build.log"; grep -n -B2 -A8 "error" "$log" | head -80; tail -20 "$log"; echo "BUILD FAILED"; exit 1
   fi
   echo "built in $(( $(date +%s) - start )) s"
 fi

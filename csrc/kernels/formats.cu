@@ -11,8 +11,9 @@
 // over NI rows in registers and then over row groups through shared memory. Transposed columnwise
 // outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced rows.
 //
-// Dequantize: row-major data decodes with 16 elements per thread (16-byte or 8-byte loads, 16-byte
-// stores); transposed data (FP8-block and NVFP4 columnwise) goes through a 128x128 shared tile.
+// Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
+// per thread, all loads issued first (16-byte or 8-byte loads, 16-byte stores); transposed data
+// (FP8-block and NVFP4 columnwise) goes through a 128x128 shared tile.
 //
 // NOTE: every product that formats.h rounds on its own goes through fmt::mul_rn (no FMA contraction).
 #include <cuda_bf16.h>
@@ -20,6 +21,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "pyxfer/formats.h"
 #include "pyxfer/formats_launch.h"
@@ -55,6 +58,11 @@ struct Bf16 {
   __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
   __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
   __device__ static uint16_t to_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+  // to_bits(lo) | to_bits(hi) << 16 in one packed conversion (same RNE rounding).
+  __device__ static uint32_t to_bits2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return uint32_t(__bfloat16_as_ushort(h.x)) | uint32_t(__bfloat16_as_ushort(h.y)) << 16;
+  }
 };
 
 struct F16 {
@@ -63,6 +71,10 @@ struct F16 {
   __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
   __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
   __device__ static uint16_t to_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+  __device__ static uint32_t to_bits2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return uint32_t(__half_as_ushort(h.x)) | uint32_t(__half_as_ushort(h.y)) << 16;
+  }
 };
 
 // The 16-byte vector of row `row`, columns [col, col + V) of x [m, k]; zeros outside the matrix.
@@ -108,8 +120,34 @@ struct QuantParams {
   int64_t col_scale_cols;
 };
 
+// NOTE: the amax reductions below use fmaxf (one FMNMX) instead of fmt::max_f: both drop a NaN
+// operand, and every operand here is non-negative (|x|, or a max of those starting at +0), where the
+// two agree bit for bit (no signed zeros to order).
 __device__ __forceinline__ float shfl_max(float v, int offset) {
-  return fmt::max_f(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+}
+
+// fmt::encode_e2m1 without branches, bit-identical for all 2^32 inputs (NaN -> +6 included;
+// checked exhaustively on the host): the magnitude code is the number of rounding thresholds that
+// |x| passes, compared as fp32 bits (monotonic for non-negative floats). Thresholds: > 0.25, >= 0.75,
+// > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 (ties to the even code).
+__host__ __device__ __forceinline__ uint32_t encode_e2m1_fast(float x) {
+  const uint32_t u = fmt::float_bits(x), a = u & 0x7FFFFFFFu;
+  const uint32_t code = uint32_t(a > 0x3E800000u) + uint32_t(a >= 0x3F400000u) + uint32_t(a > 0x3FA00000u) +
+                        uint32_t(a >= 0x3FE00000u) + uint32_t(a > 0x40200000u) + uint32_t(a >= 0x40600000u) +
+                        uint32_t(a > 0x40A00000u);
+  const uint32_t sign = a > 0x7F800000u ? 0u : (u >> 28) & 0x8u;
+  return sign | code;
+}
+
+// Two fmt::encode_fp8 results (lo in the low byte) from one conversion instruction on SM 89+: the
+// same cvt.rn.satfinite.*x2.f32 that fmt::encode_fp8 issues with a zero in the other half.
+__device__ __forceinline__ uint32_t encode_fp8x2(float lo, float hi, Fp8Kind kind) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, kind == fmt::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+#else
+  return uint32_t(fmt::encode_fp8(lo, kind)) | uint32_t(fmt::encode_fp8(hi, kind)) << 8;
+#endif
 }
 
 // Word swizzle of the transposed byte tile: tile row c (a column of x) keeps its words XOR-permuted so
@@ -136,8 +174,19 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, int64_t offset, const 
     if (j < valid) dst[offset + j] = b[j];
 }
 
+// CTAs per SM the register budget is sized for: 3 (<= 80 registers) where that fits without spills
+// on SM 80 / 90 (bf16 inputs of FP8 block and NVFP4), else 2 (SM 100 / 120 would spill at 80).
+template <QFmt F, typename In>
+constexpr int quantize_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
+  return (std::is_same<In, Bf16>::value && F != QFmt::kMxfp8) ? 3 : 2;
+#else
+  return 2;
+#endif
+}
+
 template <QFmt F, typename In, bool kVecOk>
-__global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantParams p) {
+__global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quantize_tile_kernel(const QuantParams p) {
   constexpr int V = In::kVec;
   constexpr int kLanesPerRow = kTile / V;  // 32 or 16
   constexpr int kGroupsPerWarp = 32 / kLanesPerRow;
@@ -177,12 +226,12 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
   for (int j = 0; j < V; ++j) {
     cpart[j] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) cpart[j] = fmt::max_f(cpart[j], fmt::abs_f(v[i][j]));
+    for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], fmt::abs_f(v[i][j]));
   }
   if (F == QFmt::kFp8Block2d) {
     float a = cpart[0];
 #pragma unroll
-    for (int j = 1; j < V; ++j) a = fmt::max_f(a, cpart[j]);
+    for (int j = 1; j < V; ++j) a = fmaxf(a, cpart[j]);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) a = shfl_max(a, offset);
     if (lane == 0) warp_amax[warp] = a;
@@ -197,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
   if (F == QFmt::kFp8Block2d) {
     float a = warp_amax[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) a = fmt::max_f(a, warp_amax[w]);
+    for (int w = 1; w < kWarps; ++w) a = fmaxf(a, warp_amax[w]);
     tile_scale = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
     if (threadIdx.x == 0) {
       const float inv = 1.0f / tile_scale;  // 2-D: fp32 division (as TE's 128x128 kernel)
@@ -227,10 +276,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
 #pragma unroll
         for (int j = 0; j < V; j += 4) {
           const float4 c = *reinterpret_cast<const float4*>(&col_part[first + gi][col0 + j]);
-          cmax[j] = fmt::max_f(cmax[j], c.x);
-          cmax[j + 1] = fmt::max_f(cmax[j + 1], c.y);
-          cmax[j + 2] = fmt::max_f(cmax[j + 2], c.z);
-          cmax[j + 3] = fmt::max_f(cmax[j + 3], c.w);
+          cmax[j] = fmaxf(cmax[j], c.x);
+          cmax[j + 1] = fmaxf(cmax[j + 1], c.y);
+          cmax[j + 2] = fmaxf(cmax[j + 2], c.z);
+          cmax[j + 3] = fmaxf(cmax[j + 3], c.w);
         }
       }
     }
@@ -251,6 +300,29 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
     }
   }
 
+  // ---- FP8 1-D rowwise: the kLanesPerRow lanes of a row group all hold row i's amax after the
+  // shuffles; lane i of the group keeps it and derives row i's multiplier and scale once (NI <=
+  // kLanesPerRow), instead of every lane doing the division for every row. Broadcast in the row loop.
+  float row_multiplier = 1.0f;
+  if (F == QFmt::kFp8Block1d && rowwise) {
+    static_assert(NI <= kLanesPerRow, "one lane per row of the group");
+    const int mine = lane % kLanesPerRow;
+    float amax_mine = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
+#pragma unroll
+      for (int offset = kLanesPerRow / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
+      if (mine == i) amax_mine = a;
+    }
+    row_multiplier = fmt::fp8_block_scale(amax_mine, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
+    const int64_t row = m0 + row0 + mine;
+    if (mine < NI && row < p.m)  // 1-D: 1/scale in double (as TE's 1x128 kernel)
+      static_cast<float*>(p.row_scale)[kt * p.row_scale_cols + row] = static_cast<float>(1.0 / static_cast<double>(row_multiplier));
+  }
+
   // ---- rowwise: blocks of kBlock elements along K = kBlock / V lanes.
   if (rowwise || (F == QFmt::kMxfp8 && columnwise)) {
     const bool vec_store = F == QFmt::kNvfp4 ? true : (p.k % V == 0);
@@ -260,14 +332,19 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
       if (F == QFmt::kMxfp8 && columnwise) {
         uint8_t b[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) b[j] = fmt::encode_fp8(fmt::mul_rn(v[i][j], mx_col_multiplier[j]), p.kind);
+        for (int j = 0; j < V; j += 2) {
+          const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], mx_col_multiplier[j]),
+                                            fmt::mul_rn(v[i][j + 1], mx_col_multiplier[j + 1]), p.kind);
+          b[j] = uint8_t(two);
+          b[j + 1] = uint8_t(two >> 8);
+        }
         if (row < p.m && col_valid > 0) store_bytes<V>(p.col_data, row * p.k + gc, b, col_valid, true);
       }
       if (!rowwise) continue;
       float a = 0.0f;
-      if (F != QFmt::kFp8Block2d) {
+      if (F != QFmt::kFp8Block2d && F != QFmt::kFp8Block1d) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) a = fmt::max_f(a, fmt::abs_f(v[i][j]));
+        for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
 #pragma unroll
         for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
       }
@@ -276,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
         const fmt::Nvfp4Block b = fmt::nvfp4_block(a, s_enc, s_dec);
         uint32_t packed = 0;
 #pragma unroll
-        for (int j = 0; j < V; ++j) packed |= uint32_t(fmt::encode_e2m1(fmt::mul_rn(v[i][j], b.multiplier))) << (4 * j);
+        for (int j = 0; j < V; ++j) packed |= encode_e2m1_fast(fmt::mul_rn(v[i][j], b.multiplier)) << (4 * j);
         if (valid) {
           uint8_t* dst = p.row_data + row * (p.k / 2) + gc / 2;
           if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
@@ -290,44 +367,56 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
           multiplier = fmt::e8m0_reciprocal(e);
           if (valid && gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = e;
         } else if (F == QFmt::kFp8Block1d) {
-          multiplier = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
-          if (col0 == 0 && row < p.m)  // 1-D: 1/scale in double (as TE's 1x128 kernel)
-            static_cast<float*>(p.row_scale)[kt * p.row_scale_cols + row] = static_cast<float>(1.0 / static_cast<double>(multiplier));
+          multiplier = __shfl_sync(0xffffffffu, row_multiplier, (lane & ~(kLanesPerRow - 1)) | i);
         } else {
           multiplier = tile_scale;
         }
         uint8_t b[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) b[j] = fmt::encode_fp8(fmt::mul_rn(v[i][j], multiplier), p.kind);
+        for (int j = 0; j < V; j += 2) {
+          const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], multiplier), fmt::mul_rn(v[i][j + 1], multiplier), p.kind);
+          b[j] = uint8_t(two);
+          b[j + 1] = uint8_t(two >> 8);
+        }
         if (valid) store_bytes<V>(p.row_data, row * p.k + gc, b, col_valid, vec_store);
       }
     }
   }
 
   if (!columnwise || F == QFmt::kMxfp8) return;  // uniform across the CTA
-  column_amax();
+  if (F != QFmt::kFp8Block1d) column_amax();
 
   if (kFp8Block) {
     // Transposed FP8 bytes: tile row c = column col0 + j, words (m / 4) of 4 consecutive rows.
     float multiplier[V];
+    if (F == QFmt::kFp8Block1d) {
+      // One 128-row block per column: thread c < 128 reduces column c over all row groups and derives
+      // its multiplier and scale once (not once per row group); the others read it from shared memory.
+      __shared__ float col_multiplier[kTile];
+      if (threadIdx.x < kTile) {
+        const int c = threadIdx.x;
+        float a = 0.0f;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      if (F == QFmt::kFp8Block1d) {
-        multiplier[j] = fmt::fp8_block_scale(cmax[j], p.fp8_max, p.pow2, p.epsilon, p.max_finite);
-        if (row0 == 0 && j < col_valid)
-          static_cast<float*>(p.col_scale)[mt * p.col_scale_cols + gc + j] = static_cast<float>(1.0 / static_cast<double>(multiplier[j]));
-      } else {
-        multiplier[j] = tile_scale;
+        for (int g = 0; g < kGroups; ++g) a = fmaxf(a, col_part[g][c]);
+        const float mult = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
+        col_multiplier[c] = mult;
+        if (k0 + c < p.k)
+          static_cast<float*>(p.col_scale)[mt * p.col_scale_cols + k0 + c] = static_cast<float>(1.0 / static_cast<double>(mult));
       }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < V; ++j) multiplier[j] = col_multiplier[col0 + j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) multiplier[j] = tile_scale;
     }
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int c = col0 + j;
 #pragma unroll
       for (int t = 0; t < NI / 4; ++t) {
-        uint32_t w = 0;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) w |= uint32_t(fmt::encode_fp8(fmt::mul_rn(v[4 * t + u][j], multiplier[j]), p.kind)) << (8 * u);
+        const uint32_t w = encode_fp8x2(fmt::mul_rn(v[4 * t][j], multiplier[j]), fmt::mul_rn(v[4 * t + 1][j], multiplier[j]), p.kind) |
+                           encode_fp8x2(fmt::mul_rn(v[4 * t + 2][j], multiplier[j]), fmt::mul_rn(v[4 * t + 3][j], multiplier[j]), p.kind) << 16;
         const int q = row0 / 4 + t;
         out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
       }
@@ -348,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_tile_kernel(const QuantP
       for (int t = 0; t < NI / 8; ++t) {
         uint32_t w = 0;
 #pragma unroll
-        for (int u = 0; u < 8; ++u) w |= uint32_t(fmt::encode_e2m1(fmt::mul_rn(v[8 * t + u][j], multiplier[j]))) << (4 * u);
+        for (int u = 0; u < 8; ++u) w |= encode_e2m1_fast(fmt::mul_rn(v[8 * t + u][j], multiplier[j])) << (4 * u);
         const int q = row0 / 8 + t;
         out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
       }
@@ -452,8 +541,8 @@ __device__ __forceinline__ void store_out4(void* out, int64_t offset, const floa
   uint16_t* o = static_cast<uint16_t*>(out) + offset;
   if (vec && count == 4) {
     uint2 w;
-    w.x = uint32_t(Out::to_bits(r[0])) | uint32_t(Out::to_bits(r[1])) << 16;
-    w.y = uint32_t(Out::to_bits(r[2])) | uint32_t(Out::to_bits(r[3])) << 16;
+    w.x = Out::to_bits2(r[0], r[1]);
+    w.y = Out::to_bits2(r[2], r[3]);
     *reinterpret_cast<uint2*>(o) = w;
     return;
   }
@@ -475,37 +564,115 @@ __device__ __forceinline__ float row_major_factor(const DequantParams& p, int64_
   return fmt::nvfp4_decode_factor(s[m * p.scale_cols + k / fmt::kNvfp4BlockLen], amax);
 }
 
-// Row-major data, 16 consecutive elements per thread. Needs k % 16 == 0 and data aligned to 16 bytes
-// (FP8) or 8 bytes (NVFP4); 16 elements never straddle a block (blocks are 16, 32 or 128 long).
+// E2M1 code (4 bits) to float with integer ops only (bit-identical to fmt::decode_e2m1 for all 16
+// codes): magnitude c >= 2 is 2^((c >> 1) - 1) * (1 + (c & 1) / 2), c == 1 is 0.5, c == 0 is 0.
+__host__ __device__ __forceinline__ float decode_e2m1_fast(uint32_t code) {
+  const uint32_t c = code & 0x7u;
+  const uint32_t mag = c >= 2 ? (((c >> 1) + 126u) << 23) | ((c & 1u) << 22) : (c == 1 ? 0x3F000000u : 0u);
+  return fmt::bits_float(mag | ((code & 0x8u) << 28));
+}
+
+// Writes 16 results at out[offset] (offset % 16 == 0, out 16-byte aligned): 16-byte stores.
+template <typename Out>
+__device__ __forceinline__ void store_out16(void* out, int64_t offset, const float (&r)[16]);
+
+template <>
+__device__ __forceinline__ void store_out16<F32>(void* out, int64_t offset, const float (&r)[16]) {
+  float4* o = reinterpret_cast<float4*>(static_cast<float*>(out) + offset);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) o[j] = make_float4(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]);
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_out16(void* out, int64_t offset, const float (&r)[16]) {
+  uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + offset);
+  uint32_t w[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j] = Out::to_bits2(r[2 * j], r[2 * j + 1]);
+  o[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  o[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// Row-major data, 16 consecutive elements (a "chunk") per thread and kRowsUnroll chunks per thread,
+// kThreads chunks apart: all the data loads of a thread are issued before any decode (bytes in flight).
+// Needs k % 16 == 0, data aligned to 16 bytes (FP8) or 8 bytes (NVFP4) and out to 16 bytes; 16
+// elements never straddle a block (blocks are 16, 32 or 128 long). `idx32`: num_chunks < 2^32, so the
+// row / column split uses 32-bit division. `vec_scale`: the MXFP8 columnwise scales are 16-byte aligned
+// (16 per-column scale bytes of a chunk are one load).
+constexpr int kRowsUnroll = 4;
+
 template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(const DequantParams p, int64_t num_chunks) {
-  const int64_t chunk = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (chunk >= num_chunks) return;
-  const int64_t chunks_per_row = p.k / 16;
-  const int64_t m = chunk / chunks_per_row, k = (chunk - m * chunks_per_row) * 16;
-  const float amax = F == DFmt::kNvfp4 ? *p.amax : 0.0f;
-  float value[16];
-  if (F == DFmt::kNvfp4) {
-    const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p.data + (m * p.k + k) / 2));
+__global__ void __launch_bounds__(kThreads, F == DFmt::kMxfp8 ? 4 : 5) dequantize_rows_kernel(const DequantParams p, int64_t num_chunks,
+                                                                    bool idx32, bool vec_scale) {
+  constexpr bool kFp4 = F == DFmt::kNvfp4;
+  const int64_t base = int64_t(blockIdx.x) * (kThreads * kRowsUnroll) + threadIdx.x;
+  uint4 raw[kRowsUnroll];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) value[j] = fmt::decode_e2m1(uint8_t(((j < 8 ? w.x : w.y) >> (4 * (j % 8))) & 0xFu));
-  } else {
-    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p.data + m * p.k + k));
-#pragma unroll
-    for (int j = 0; j < 16; j += 2) {
-      const float2 d = decode_fp8x2(word_of(w, j / 4) >> (8 * (j % 4)), p.kind);
-      value[j] = d.x;
-      value[j + 1] = d.y;
+  for (int u = 0; u < kRowsUnroll; ++u) {
+    const int64_t chunk = base + int64_t(u) * kThreads;
+    raw[u] = make_uint4(0, 0, 0, 0);
+    if (chunk < num_chunks) {
+      if (kFp4) {
+        const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p.data) + chunk);
+        raw[u].x = w.x;
+        raw[u].y = w.y;
+      } else {
+        raw[u] = __ldcs(reinterpret_cast<const uint4*>(p.data) + chunk);
+      }
     }
   }
+  const float amax = kFp4 ? *p.amax : 0.0f;
+  const int64_t chunks_per_row = p.k / 16;
   const bool per_element = F == DFmt::kMxfp8 && p.columnwise;  // scale [m / 32, k]: one per column
-  const float factor = per_element ? 0.0f : row_major_factor<F>(p, m, k, amax);
 #pragma unroll
-  for (int j = 0; j < 16; j += 4) {
-    float r[4];
+  for (int u = 0; u < kRowsUnroll; ++u) {
+    const int64_t chunk = base + int64_t(u) * kThreads;
+    if (chunk >= num_chunks) break;
+    int64_t m, k;
+    if (idx32) {
+      const uint32_t c = uint32_t(chunk), cpr = uint32_t(chunks_per_row);
+      const uint32_t mm = c / cpr;
+      m = mm;
+      k = int64_t(c - mm * cpr) * 16;
+    } else {
+      m = chunk / chunks_per_row;
+      k = (chunk - m * chunks_per_row) * 16;
+    }
+    float value[16];
+    if (kFp4) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) r[u] = fmt::mul_rn(value[j + u], per_element ? row_major_factor<F>(p, m, k + j + u, amax) : factor);
-    store_out4<Out>(p.out, m * p.k + k + j, r, 4, true);
+      for (int j = 0; j < 16; ++j) value[j] = decode_e2m1_fast((j < 8 ? raw[u].x : raw[u].y) >> (4 * (j % 8)));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; j += 2) {
+        const float2 d = decode_fp8x2(word_of(raw[u], j / 4) >> (8 * (j % 4)), p.kind);
+        value[j] = d.x;
+        value[j + 1] = d.y;
+      }
+    }
+    float r[16];
+    if (per_element) {
+      const uint8_t* s = static_cast<const uint8_t*>(p.scale) + (m / fmt::kMxfp8BlockLen) * p.scale_cols + k;
+      uint32_t sw[4];
+      if (vec_scale) {
+        const uint4 v = *reinterpret_cast<const uint4*>(s);
+        sw[0] = v.x;
+        sw[1] = v.y;
+        sw[2] = v.z;
+        sw[3] = v.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          sw[j] = uint32_t(s[4 * j]) | uint32_t(s[4 * j + 1]) << 8 | uint32_t(s[4 * j + 2]) << 16 | uint32_t(s[4 * j + 3]) << 24;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) r[j] = fmt::mul_rn(value[j], fmt::e8m0_value(uint8_t(sw[j / 4] >> (8 * (j % 4)))));
+    } else {
+      const float factor = row_major_factor<F>(p, m, k, amax);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) r[j] = fmt::mul_rn(value[j], factor);
+    }
+    store_out16<Out>(p.out, m * p.k + k, r);
   }
 }
 
@@ -530,7 +697,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const Deq
 // Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K]: one CTA per
 // 128 (k) x 128 (m) tile, staged as bytes in shared memory, written as coalesced output rows.
 template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads) dequantize_transposed_kernel(const DequantParams p, bool word_loads) {
+__global__ void __launch_bounds__(kThreads, 6) dequantize_transposed_kernel(const DequantParams p, bool word_loads) {
   constexpr bool kFp4 = F == DFmt::kNvfp4;
   constexpr int kWords = kFp4 ? 16 : 32;  // words per tile row (128 elements along m)
   __shared__ uint32_t tile[kTile * kWords];
@@ -576,26 +743,35 @@ __global__ void __launch_bounds__(kThreads) dequantize_transposed_kernel(const D
       factor[j] = fmt::nvfp4_decode_factor(static_cast<const uint8_t*>(p.scale)[(kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen], *p.amax);
   }
   const bool vec = p.k % 4 == 0;
-#pragma unroll 4
-  for (int r = 0; r < 16; ++r) {
-    const int64_t m = first_row + r;
-    if (m >= p.m) break;
-    const int ml = warp * 16 + r;  // tile-local row
-    float out[4];
+  // A tile word holds kRowsPerWord consecutive rows of one column: each of the 4 column words is read
+  // once per group of rows and decoded two rows at a time (FP8: two codes per conversion).
+  constexpr int kRowsPerWord = kFp4 ? 8 : 4;
+#pragma unroll
+  for (int g = 0; g < 16 / kRowsPerWord; ++g) {
+    const int q = (warp * 16 + g * kRowsPerWord) / kRowsPerWord;  // tile word of these rows
+    uint32_t w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int c = 4 * lane + j;
-      float value;
-      if (kFp4) {
-        const uint32_t w = tile[c * kWords + ((ml >> 3) ^ swizzle<kWords>(c))];
-        value = fmt::decode_e2m1(uint8_t((w >> (4 * (ml & 7))) & 0xFu));
-      } else {
-        const uint32_t w = tile[c * kWords + ((ml >> 2) ^ swizzle<kWords>(c))];
-        value = decode_fp8_one(w >> (8 * (ml & 3)), p.kind);
-      }
-      out[j] = fmt::mul_rn(value, factor[j]);
+      w[j] = tile[c * kWords + (q ^ swizzle<kWords>(c))];
     }
-    store_out4<Out>(p.out, m * p.k + kc, out, count, vec);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWord; r += 2) {
+      float out0[4], out1[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 d;
+        if (kFp4) d = make_float2(decode_e2m1_fast(w[j] >> (4 * r)), decode_e2m1_fast(w[j] >> (4 * r + 4)));
+        else d = decode_fp8x2(w[j] >> (8 * r), p.kind);
+        out0[j] = fmt::mul_rn(d.x, factor[j]);
+        out1[j] = fmt::mul_rn(d.y, factor[j]);
+      }
+      const int64_t m = first_row + g * kRowsPerWord + r;
+      if (m >= p.m) return;
+      store_out4<Out>(p.out, m * p.k + kc, out0, count, vec);
+      if (m + 1 >= p.m) return;
+      store_out4<Out>(p.out, (m + 1) * p.k + kc, out1, count, vec);
+    }
   }
 }
 
@@ -612,11 +788,13 @@ cudaError_t launch_dequantize_typed(DequantParams p, cudaStream_t stream) {
     return cudaGetLastError();
   }
   const unsigned align = F == DFmt::kNvfp4 ? 8 : 16;
-  if (p.k % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % align == 0) {
+  if (p.k % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % align == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0) {
     const int64_t chunks = p.m * (p.k / 16);
-    const int64_t blocks = fmt::cdiv(chunks, kThreads);
+    const int64_t blocks = fmt::cdiv(chunks, int64_t(kThreads) * kRowsUnroll);
     if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-    dequantize_rows_kernel<F, Out><<<unsigned(blocks), kThreads, 0, stream>>>(p, chunks);
+    const bool idx32 = chunks < (int64_t(1) << 32);
+    const bool vec_scale = reinterpret_cast<uintptr_t>(p.scale) % 16 == 0 && p.scale_cols % 16 == 0;
+    dequantize_rows_kernel<F, Out><<<unsigned(blocks), kThreads, 0, stream>>>(p, chunks, idx32, vec_scale);
   } else {
     const int64_t count = p.m * p.k;
     const int64_t blocks = fmt::cdiv(count, kThreads);
