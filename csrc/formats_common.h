@@ -7,6 +7,8 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "checks.h"
 #include "pyxfer/formats.h"
@@ -159,6 +161,88 @@ inline void check_global_amax(const char* op, const char* arg, const at::Tensor&
   TORCH_CHECK(amax.scalar_type() == at::kFloat && amax.numel() == 1, op, ": ", arg,
               " must be a float32 tensor with one element, got ", amax.scalar_type(), " with shape ", amax.sizes());
   check_same_device(op, arg, amax, like);
+}
+
+template <typename T>
+T* ptr_or_null(const at::Tensor& t, bool wanted) { return wanted ? t.data_ptr<T>() : nullptr; }
+
+// ---- every argument check of each op, in the order the CPU and CUDA implementations both run them.
+struct QuantizeArgs {
+  Matrix mk;
+  fmt::Fp8Kind kind;
+};
+
+inline QuantizeArgs check_quantize_fp8_block(const char* op, const at::Tensor& x, int64_t block_dim, bool rowwise,
+                                             bool columnwise, at::ScalarType fp8_dtype, double amax_epsilon) {
+  check_quantize_input(op, x);
+  check_usages(op, rowwise, columnwise);
+  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
+  TORCH_CHECK(amax_epsilon >= 0.0, op, ": amax_epsilon must be >= 0, got ", amax_epsilon);
+  return {matrix_of(x), fp8_kind_of(op, fp8_dtype)};
+}
+
+inline QuantizeArgs check_quantize_mxfp8(const char* op, const at::Tensor& x, bool rowwise, bool columnwise,
+                                         at::ScalarType fp8_dtype) {
+  check_quantize_input(op, x);
+  check_usages(op, rowwise, columnwise);
+  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
+  const Matrix mk = matrix_of(x);
+  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  return {mk, kind};
+}
+
+inline Matrix check_quantize_nvfp4(const char* op, const at::Tensor& x, const at::Tensor& global_amax, bool rowwise,
+                                   bool columnwise) {
+  check_quantize_input(op, x);
+  check_usages(op, rowwise, columnwise);
+  check_global_amax(op, "global_amax", global_amax, x);
+  const Matrix mk = matrix_of(x);
+  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
+  return mk;
+}
+
+struct DequantizeArgs {
+  DequantShape shape;
+  fmt::Fp8Kind kind;  // FP8 formats only
+};
+
+inline DequantizeArgs check_dequantize_fp8_block(const char* op, const at::Tensor& data, const at::Tensor& scale_inv,
+                                                 int64_t block_dim, bool columnwise, at::ScalarType fp8_dtype,
+                                                 at::ScalarType out_dtype) {
+  check_data(op, data);
+  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
+  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
+  check_out_dtype(op, out_dtype);
+  DequantShape shape = fp8_block_dequant_shape(data, columnwise);
+  const Matrix mk = shape.mk;
+  check_scales(op, scale_inv, at::kFloat,
+               fmt::fp8_block_scale_shape(mk.m, mk.k, static_cast<int>(block_dim), columnwise));
+  check_same_device(op, "scale_inv", scale_inv, data);
+  return {std::move(shape), kind};
+}
+
+inline DequantizeArgs check_dequantize_mxfp8(const char* op, const at::Tensor& data, const at::Tensor& scale_inv,
+                                             bool columnwise, at::ScalarType fp8_dtype, at::ScalarType out_dtype) {
+  check_data(op, data);
+  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
+  check_out_dtype(op, out_dtype);
+  const Matrix mk = matrix_of(data);
+  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  check_scales(op, scale_inv, at::kByte, fmt::mxfp8_scale_shape(mk.m, mk.k, columnwise));
+  check_same_device(op, "scale_inv", scale_inv, data);
+  return {{mk, data.sizes().vec()}, kind};
+}
+
+inline DequantShape check_dequantize_nvfp4(const char* op, const at::Tensor& data, const at::Tensor& scale_inv,
+                                           const at::Tensor& amax, bool columnwise, at::ScalarType out_dtype) {
+  check_data(op, data);
+  check_out_dtype(op, out_dtype);
+  check_global_amax(op, "amax", amax, data);
+  DequantShape shape = nvfp4_dequant_shape(op, data, columnwise);
+  check_divisible(op, shape.mk, fmt::kNvfp4BlockLen, "NVFP4");
+  check_scales(op, scale_inv, at::kByte, fmt::nvfp4_scale_shape(shape.mk.m, shape.mk.k, columnwise));
+  check_same_device(op, "scale_inv", scale_inv, data);
+  return shape;
 }
 
 inline void check_swap_input(const char* op, const at::Tensor& src) {

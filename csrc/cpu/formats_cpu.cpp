@@ -91,22 +91,16 @@ void fp8_block_2d(const float* x, Matrix mk, const Fp8BlockRule& rule, uint8_t* 
   });
 }
 
-template <typename T>
-T* ptr_or_null(const at::Tensor& t, bool wanted) { return wanted ? t.data_ptr<T>() : nullptr; }
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_block_cpu(
     const at::Tensor& x, int64_t block_dim, bool rowwise, bool columnwise, at::ScalarType fp8_dtype, bool pow2_scales,
     double amax_epsilon) {
-  const char* op = "pyxfer.quantize_fp8_block";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
-  TORCH_CHECK(amax_epsilon >= 0.0, op, ": amax_epsilon must be >= 0, got ", amax_epsilon);
-  const Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
+  const QuantizeArgs checked = check_quantize_fp8_block("pyxfer.quantize_fp8_block", x, block_dim, rowwise, columnwise,
+                                                    fp8_dtype, amax_epsilon);
+  const Matrix mk = checked.mk;
+  const fmt::Fp8Kind kind = checked.kind;
   const Fp8BlockRule rule{kind, fp8_max_of(kind), static_cast<float>(amax_epsilon), max_finite_of(x.scalar_type()),
                           pow2_scales};
   QuantizedBuffers out = alloc_fp8_block(x, block_dim, rowwise, columnwise);
-  const Matrix mk = matrix_of(x);
   const at::Tensor xf = as_float(x);
   const float* xp = xf.data_ptr<float>();
   if (block_dim == 1) {
@@ -145,12 +139,9 @@ void mxfp8_quantize(const float* x, Matrix mk, Fp8Kind kind, bool columnwise, ui
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_mxfp8_cpu(const at::Tensor& x, bool rowwise,
                                                                                bool columnwise, at::ScalarType fp8_dtype) {
-  const char* op = "pyxfer.quantize_mxfp8";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  const Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  const QuantizeArgs checked = check_quantize_mxfp8("pyxfer.quantize_mxfp8", x, rowwise, columnwise, fp8_dtype);
+  const Matrix mk = checked.mk;
+  const fmt::Fp8Kind kind = checked.kind;
   QuantizedBuffers out = alloc_mxfp8(x, rowwise, columnwise);
   const at::Tensor xf = as_float(x);
   if (rowwise) mxfp8_quantize(xf.data_ptr<float>(), mk, kind, false, out[0].data_ptr<uint8_t>(), out[1].data_ptr<uint8_t>(), out[1].size(1));
@@ -190,12 +181,7 @@ float amax_value(const at::Tensor& amax) { return amax.to(at::kFloat).reshape({-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_nvfp4_cpu(const at::Tensor& x,
                                                                                const at::Tensor& global_amax,
                                                                                bool rowwise, bool columnwise) {
-  const char* op = "pyxfer.quantize_nvfp4";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  check_global_amax(op, "global_amax", global_amax, x);
-  const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
+  const Matrix mk = check_quantize_nvfp4("pyxfer.quantize_nvfp4", x, global_amax, rowwise, columnwise);
   QuantizedBuffers out = alloc_nvfp4(x, rowwise, columnwise);
   const at::Tensor xf = as_float(x);
   const float amax = amax_value(global_amax);
@@ -222,14 +208,11 @@ at::Tensor dequantize_matrix(const at::Tensor& like, const DequantShape& shape, 
 
 at::Tensor dequantize_fp8_block_cpu(const at::Tensor& data, const at::Tensor& scale_inv, int64_t block_dim,
                                     bool columnwise, at::ScalarType fp8_dtype, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_fp8_block";
-  check_data(op, data);
-  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
-  const Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  check_out_dtype(op, out_dtype);
-  const DequantShape shape = fp8_block_dequant_shape(data, columnwise);
+  const DequantizeArgs checked = check_dequantize_fp8_block("pyxfer.dequantize_fp8_block", data, scale_inv, block_dim,
+                                                        columnwise, fp8_dtype, out_dtype);
+  const DequantShape& shape = checked.shape;
+  const fmt::Fp8Kind kind = checked.kind;
   const Matrix mk = shape.mk;
-  check_scales(op, scale_inv, at::kFloat, fmt::fp8_block_scale_shape(mk.m, mk.k, static_cast<int>(block_dim), columnwise));
   const at::Tensor d = data.contiguous(), s = scale_inv.contiguous();
   const uint8_t* dp = d.data_ptr<uint8_t>();
   const float* sp = s.data_ptr<float>();
@@ -246,13 +229,11 @@ at::Tensor dequantize_fp8_block_cpu(const at::Tensor& data, const at::Tensor& sc
 
 at::Tensor dequantize_mxfp8_cpu(const at::Tensor& data, const at::Tensor& scale_inv, bool columnwise,
                                 at::ScalarType fp8_dtype, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_mxfp8";
-  check_data(op, data);
-  const Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  check_out_dtype(op, out_dtype);
-  const Matrix mk = matrix_of(data);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
-  check_scales(op, scale_inv, at::kByte, fmt::mxfp8_scale_shape(mk.m, mk.k, columnwise));
+  const DequantizeArgs checked = check_dequantize_mxfp8("pyxfer.dequantize_mxfp8", data, scale_inv, columnwise,
+                                                    fp8_dtype, out_dtype);
+  const DequantShape& shape = checked.shape;
+  const fmt::Fp8Kind kind = checked.kind;
+  const Matrix mk = shape.mk;
   const at::Tensor d = data.contiguous(), s = scale_inv.contiguous();
   const uint8_t* dp = d.data_ptr<uint8_t>();
   const uint8_t* sp = s.data_ptr<uint8_t>();
@@ -261,19 +242,14 @@ at::Tensor dequantize_mxfp8_cpu(const at::Tensor& data, const at::Tensor& scale_
   auto factor = [&](int64_t m, int64_t k) {
     return fmt::e8m0_value(columnwise ? sp[(m / bl) * cols + k] : sp[m * cols + k / bl]);
   };
-  return dequantize_matrix(data, {mk, data.sizes().vec()}, out_dtype, element, factor);
+  return dequantize_matrix(data, shape, out_dtype, element, factor);
 }
 
 at::Tensor dequantize_nvfp4_cpu(const at::Tensor& data, const at::Tensor& scale_inv, const at::Tensor& amax,
                                 bool columnwise, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_nvfp4";
-  check_data(op, data);
-  check_out_dtype(op, out_dtype);
-  check_global_amax(op, "amax", amax, data);
-  const DequantShape shape = nvfp4_dequant_shape(op, data, columnwise);
+  const DequantShape shape =
+      check_dequantize_nvfp4("pyxfer.dequantize_nvfp4", data, scale_inv, amax, columnwise, out_dtype);
   const Matrix mk = shape.mk;
-  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
-  check_scales(op, scale_inv, at::kByte, fmt::nvfp4_scale_shape(mk.m, mk.k, columnwise));
   const at::Tensor d = data.contiguous(), s = scale_inv.contiguous();
   const uint8_t* dp = d.data_ptr<uint8_t>();
   const uint8_t* sp = s.data_ptr<uint8_t>();

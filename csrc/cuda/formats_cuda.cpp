@@ -24,20 +24,14 @@ HighPrecision high_precision_of(at::ScalarType dtype) {
                                 : (dtype == at::kHalf ? HighPrecision::kFloat16 : HighPrecision::kFloat32);
 }
 
-template <typename T>
-T* ptr_or_null(const at::Tensor& t, bool wanted) { return wanted ? t.data_ptr<T>() : nullptr; }
-
 Quantized quantize_fp8_block_cuda(const at::Tensor& x, int64_t block_dim, bool rowwise, bool columnwise,
                                   at::ScalarType fp8_dtype, bool pow2_scales, double amax_epsilon) {
-  const char* op = "pyxfer.quantize_fp8_block";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
-  TORCH_CHECK(amax_epsilon >= 0.0, op, ": amax_epsilon must be >= 0, got ", amax_epsilon);
-  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
+  const QuantizeArgs checked = check_quantize_fp8_block("pyxfer.quantize_fp8_block", x, block_dim, rowwise, columnwise,
+                                                    fp8_dtype, amax_epsilon);
+  const Matrix mk = checked.mk;
+  const fmt::Fp8Kind kind = checked.kind;
   const c10::cuda::CUDAGuard guard(x.device());
   QuantizedBuffers out = alloc_fp8_block(x, block_dim, rowwise, columnwise);
-  const Matrix mk = matrix_of(x);
   if (x.numel() > 0) {
     const at::Tensor xc = x.contiguous();
     Fp8BlockQuantizeArgs args{};
@@ -61,15 +55,11 @@ Quantized quantize_fp8_block_cuda(const at::Tensor& x, int64_t block_dim, bool r
 
 at::Tensor dequantize_fp8_block_cuda(const at::Tensor& data, const at::Tensor& scale_inv, int64_t block_dim,
                                      bool columnwise, at::ScalarType fp8_dtype, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_fp8_block";
-  check_data(op, data);
-  TORCH_CHECK(block_dim == 1 || block_dim == 2, op, ": block_dim must be 1 (1x128) or 2 (128x128), got ", block_dim);
-  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  check_out_dtype(op, out_dtype);
-  const DequantShape shape = fp8_block_dequant_shape(data, columnwise);
+  const DequantizeArgs checked = check_dequantize_fp8_block("pyxfer.dequantize_fp8_block", data, scale_inv, block_dim,
+                                                        columnwise, fp8_dtype, out_dtype);
+  const DequantShape& shape = checked.shape;
+  const fmt::Fp8Kind kind = checked.kind;
   const Matrix mk = shape.mk;
-  check_scales(op, scale_inv, at::kFloat, fmt::fp8_block_scale_shape(mk.m, mk.k, static_cast<int>(block_dim), columnwise));
-  check_same_device(op, "scale_inv", scale_inv, data);
   const c10::cuda::CUDAGuard guard(data.device());
   at::Tensor out = at::empty(shape.out, data.options().dtype(out_dtype));
   if (out.numel() > 0) {
@@ -83,12 +73,9 @@ at::Tensor dequantize_fp8_block_cuda(const at::Tensor& data, const at::Tensor& s
 }
 
 Quantized quantize_mxfp8_cuda(const at::Tensor& x, bool rowwise, bool columnwise, at::ScalarType fp8_dtype) {
-  const char* op = "pyxfer.quantize_mxfp8";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  const QuantizeArgs checked = check_quantize_mxfp8("pyxfer.quantize_mxfp8", x, rowwise, columnwise, fp8_dtype);
+  const Matrix mk = checked.mk;
+  const fmt::Fp8Kind kind = checked.kind;
   const c10::cuda::CUDAGuard guard(x.device());
   QuantizedBuffers out = alloc_mxfp8(x, rowwise, columnwise);
   if (x.numel() > 0) {
@@ -110,16 +97,13 @@ Quantized quantize_mxfp8_cuda(const at::Tensor& x, bool rowwise, bool columnwise
 
 at::Tensor dequantize_mxfp8_cuda(const at::Tensor& data, const at::Tensor& scale_inv, bool columnwise,
                                  at::ScalarType fp8_dtype, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_mxfp8";
-  check_data(op, data);
-  const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
-  check_out_dtype(op, out_dtype);
-  const Matrix mk = matrix_of(data);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
-  check_scales(op, scale_inv, at::kByte, fmt::mxfp8_scale_shape(mk.m, mk.k, columnwise));
-  check_same_device(op, "scale_inv", scale_inv, data);
+  const DequantizeArgs checked = check_dequantize_mxfp8("pyxfer.dequantize_mxfp8", data, scale_inv, columnwise,
+                                                    fp8_dtype, out_dtype);
+  const DequantShape& shape = checked.shape;
+  const fmt::Fp8Kind kind = checked.kind;
+  const Matrix mk = shape.mk;
   const c10::cuda::CUDAGuard guard(data.device());
-  at::Tensor out = at::empty(data.sizes(), data.options().dtype(out_dtype));
+  at::Tensor out = at::empty(shape.out, data.options().dtype(out_dtype));
   if (out.numel() > 0) {
     const at::Tensor d = data.contiguous(), s = scale_inv.contiguous();
     C10_CUDA_CHECK(launch_dequantize_mxfp8(d.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), mk.m, mk.k, columnwise, kind,
@@ -130,12 +114,7 @@ at::Tensor dequantize_mxfp8_cuda(const at::Tensor& data, const at::Tensor& scale
 }
 
 Quantized quantize_nvfp4_cuda(const at::Tensor& x, const at::Tensor& global_amax, bool rowwise, bool columnwise) {
-  const char* op = "pyxfer.quantize_nvfp4";
-  check_quantize_input(op, x);
-  check_usages(op, rowwise, columnwise);
-  check_global_amax(op, "global_amax", global_amax, x);
-  const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
+  const Matrix mk = check_quantize_nvfp4("pyxfer.quantize_nvfp4", x, global_amax, rowwise, columnwise);
   const c10::cuda::CUDAGuard guard(x.device());
   QuantizedBuffers out = alloc_nvfp4(x, rowwise, columnwise);
   if (x.numel() > 0) {
@@ -157,15 +136,9 @@ Quantized quantize_nvfp4_cuda(const at::Tensor& x, const at::Tensor& global_amax
 
 at::Tensor dequantize_nvfp4_cuda(const at::Tensor& data, const at::Tensor& scale_inv, const at::Tensor& amax,
                                  bool columnwise, at::ScalarType out_dtype) {
-  const char* op = "pyxfer.dequantize_nvfp4";
-  check_data(op, data);
-  check_out_dtype(op, out_dtype);
-  check_global_amax(op, "amax", amax, data);
-  const DequantShape shape = nvfp4_dequant_shape(op, data, columnwise);
+  const DequantShape shape =
+      check_dequantize_nvfp4("pyxfer.dequantize_nvfp4", data, scale_inv, amax, columnwise, out_dtype);
   const Matrix mk = shape.mk;
-  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
-  check_scales(op, scale_inv, at::kByte, fmt::nvfp4_scale_shape(mk.m, mk.k, columnwise));
-  check_same_device(op, "scale_inv", scale_inv, data);
   const c10::cuda::CUDAGuard guard(data.device());
   at::Tensor out = at::empty(shape.out, data.options().dtype(out_dtype));
   if (out.numel() > 0) {
