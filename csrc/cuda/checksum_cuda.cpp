@@ -58,6 +58,10 @@ at::Tensor checksum_combine_cuda(const at::Tensor& partials, int64_t num_bytes, 
 }  // namespace
 
 void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out) {
+  if (uint64_t(t.nbytes()) <= kSmallHashBytes) {  // one launch, no workspace to zero: the latency path
+    C10_CUDA_CHECK(launch_pxh64_small(t.data_ptr(), t.nbytes(), u64(seed), out, c10::cuda::getCurrentCUDAStream()));
+    return;
+  }
   at::Tensor workspace = at::empty({2}, t.options().dtype(at::kLong));
   pxh64_launch(t, 0, seed, out, workspace);
 }

@@ -8,7 +8,9 @@
 namespace pyxfer {
 
 // *out = PXH64(t's bytes, seed); t must be contiguous; `out` is device memory reachable from t's
-// device. Runs on the current device and stream (the caller guards them). No host sync.
+// device, or mapped host memory. Runs on the current device and stream (the caller guards them):
+// one one-block launch up to kSmallHashBytes, else a workspace memset and the multi-block kernel.
+// No host sync.
 void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out);
 
 }  // namespace pyxfer

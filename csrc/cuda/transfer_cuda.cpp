@@ -350,15 +350,10 @@ TransferErrorRecord take_cuda_errors() {
 // ---- one transfer with at least one CUDA end ------------------------------------------------------
 uint64_t cpu_hash(const at::Tensor& t) { return u64(*checksum_op(t, 0).data_ptr<int64_t>()); }
 
-// *out = PXH64(t) on `s` (t's device): one launch below kSmallHashBytes, else the reference kernel
-// (memset of its workspace + launch). Workspaces are allocated on `s` itself (stream-ordered reuse).
+// *out = PXH64(t) on `s` (t's device). Workspaces are allocated on `s` itself (stream-ordered reuse).
 void hash_on(const CUDAStream& s, const at::Tensor& t, uint64_t* out) {
   const c10::cuda::CUDAStreamGuard on(s);
-  if (uint64_t(t.nbytes()) <= kSmallHashBytes) {
-    C10_CUDA_CHECK(launch_pxh64_small(t.data_ptr(), t.nbytes(), 0, out, s.stream()));
-  } else {
-    pxh64_into(t, 0, out);
-  }
+  pxh64_into(t, 0, out);
 }
 
 class CudaPath final : public TransferPath {

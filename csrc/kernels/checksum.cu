@@ -133,6 +133,29 @@ uint64_t max_resident_blocks() {
   return uint64_t(blocks);
 }
 
+constexpr int kSmallThreads = 512;
+
+// One block: thread t sums the terms of words t, t + 512, ... (coalesced), then a block reduction and
+// thread 0 finalizes. The same sum as the multi-block kernel (PXH64 is a plain modular sum of terms).
+__global__ void __launch_bounds__(kSmallThreads)
+    pxh64_small_kernel(const uint8_t* data, uint64_t num_bytes, uint64_t seed, uint64_t* out) {
+  const uint64_t num_words = (num_bytes + 7) / 8;
+  const uint64_t full_words = (reinterpret_cast<uintptr_t>(data) % 8 == 0) ? num_bytes / 8 : 0;
+  uint64_t sum = 0;
+  for (uint64_t r = threadIdx.x; r < num_words; r += kSmallThreads) {
+    const uint64_t w = r < full_words ? reinterpret_cast<const uint64_t*>(data)[r]
+                                      : pxh64::load_partial_word(data + r * 8, num_bytes - r * 8);
+    sum += pxh64::term(w, pxh64::key(seed, r));
+  }
+  __shared__ uint64_t warp_sums[kSmallThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int i = 1; i < kSmallThreads / 32; ++i) sum += warp_sums[i];
+  *out = pxh64::finalize(sum, num_bytes, seed);
+}
+
 }  // namespace
 
 cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed,
@@ -160,6 +183,13 @@ cudaError_t launch_pxh64_combine(const uint64_t* partials, int64_t num_partials,
                                  uint64_t num_bytes, uint64_t seed, uint64_t* out_hash,
                                  cudaStream_t stream) {
   pxh64_combine_kernel<<<1, 32, 0, stream>>>(partials, num_partials, num_bytes, seed, out_hash);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_pxh64_small(const void* data, uint64_t num_bytes, uint64_t seed, uint64_t* out,
+                               cudaStream_t stream) {
+  if (num_bytes > kSmallHashBytes) return cudaErrorInvalidValue;
+  pxh64_small_kernel<<<1, kSmallThreads, 0, stream>>>(static_cast<const uint8_t*>(data), num_bytes, seed, out);
   return cudaGetLastError();
 }
 

@@ -23,6 +23,16 @@ cudaError_t launch_pxh64_combine(const uint64_t* partials, int64_t num_partials,
                                  uint64_t num_bytes, uint64_t seed, uint64_t* out_hash,
                                  cudaStream_t stream);
 
+// Largest input of launch_pxh64_small: one block reads it in about a microsecond.
+constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
+
+// *out = PXH64(data[0, num_bytes), seed) from one block, with no workspace to zero first: the latency
+// path of small transfers (one launch instead of memset + launch). num_bytes <= kSmallHashBytes; any
+// alignment; `out` may be device memory or mapped host memory. Runs on the current device, which must
+// be the one holding `data`.
+cudaError_t launch_pxh64_small(const void* data, uint64_t num_bytes, uint64_t seed, uint64_t* out,
+                               cudaStream_t stream);
+
 }  // namespace pyxfer
 
 namespace pyxfer {
@@ -44,15 +54,4 @@ cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_va
 
 // *byte ^= mask (fault injection: one flipped bit, written like any other device write).
 cudaError_t launch_xor_byte(uint8_t* byte, uint8_t mask, cudaStream_t stream);
-
-// Largest input of launch_pxh64_small: one block reads it in about a microsecond.
-constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
-
-// *out = PXH64(data[0, num_bytes), seed) from one block, with no workspace to zero first: the latency
-// path of small transfers (one launch instead of memset + launch). num_bytes <= kSmallHashBytes; any
-// alignment; `out` may be device memory or mapped host memory. Runs on the current device, which must
-// be the one holding `data`.
-cudaError_t launch_pxh64_small(const void* data, uint64_t num_bytes, uint64_t seed, uint64_t* out,
-                               cudaStream_t stream);
-
 }  // namespace pyxfer
