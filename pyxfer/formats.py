@@ -239,7 +239,7 @@ class QuantizedTensor:
     @property
     def spec(self):
         """A QuantizeSpec that produces tensors like this one (usages, dtype and options)."""
-        options = {k: v for k, v in self.options.items() if k != "fp8_dtype"}
+        options = {k: v for k, v in self.options.items() if k in FORMAT_OPTIONS[self.fmt]}
         return QuantizeSpec(self.fmt, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
                             fp8_dtype=self.options.get("fp8_dtype", torch.float8_e4m3fn), **options)
 
@@ -306,11 +306,6 @@ class Float8BlockTensor(QuantizedTensor):
     def options(self):
         return {"fp8_dtype": self.fp8_dtype, "block_dim": self.block_dim, "pow2_scales": self.pow2_scales,
                 "amax_epsilon": self.amax_epsilon}
-
-    @property
-    def spec(self):
-        return QuantizeSpec(self.fmt, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
-                            fp8_dtype=self.fp8_dtype, pow2_scales=self.pow2_scales, amax_epsilon=self.amax_epsilon)
 
     def _dequantize(self, rowwise, dtype):
         data, scale = (self.rowwise_data, self.rowwise_scale_inv) if rowwise else \
@@ -447,24 +442,21 @@ def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: boo
         block_dim = 1 if fmt == "fp8_block_1x128" else 2
         bufs = torch.ops.pyxfer.quantize_fp8_block(x, block_dim, rowwise, columnwise, fp8_dtype,
                                                    opts["pow2_scales"], opts["amax_epsilon"])
-        rd, rs, cd, cs = (b if on else None for b, on in zip(bufs, (rowwise, rowwise, columnwise, columnwise)))
-        return Float8BlockTensor(shape=x.shape, dtype=x.dtype, rowwise_data=rd, rowwise_scale_inv=rs,
-                                 columnwise_data=cd, columnwise_scale_inv=cs, fp8_dtype=fp8_dtype,
-                                 block_dim=block_dim, pow2_scales=opts["pow2_scales"],
-                                 amax_epsilon=opts["amax_epsilon"])
-    if fmt == "mxfp8":
+        cls, extra = Float8BlockTensor, dict(fp8_dtype=fp8_dtype, block_dim=block_dim,
+                                             pow2_scales=opts["pow2_scales"], amax_epsilon=opts["amax_epsilon"])
+    elif fmt == "mxfp8":
         bufs = torch.ops.pyxfer.quantize_mxfp8(x, rowwise, columnwise, fp8_dtype)
-        rd, rs, cd, cs = (b if on else None for b, on in zip(bufs, (rowwise, rowwise, columnwise, columnwise)))
-        qt = MXFP8Tensor(shape=x.shape, dtype=x.dtype, rowwise_data=rd, rowwise_scale_inv=rs, columnwise_data=cd,
-                         columnwise_scale_inv=cs, fp8_dtype=fp8_dtype)
+        cls, extra = MXFP8Tensor, dict(fp8_dtype=fp8_dtype)
     else:
         amax = _global_amax(op, x, opts["global_amax"])
         bufs = torch.ops.pyxfer.quantize_nvfp4(x, amax, rowwise, columnwise)
-        rd, rs, cd, cs = (b if on else None for b, on in zip(bufs, (rowwise, rowwise, columnwise, columnwise)))
-        qt = NVFP4Tensor(shape=x.shape, dtype=x.dtype, rowwise_data=rd, rowwise_scale_inv=rs, columnwise_data=cd,
-                         columnwise_scale_inv=cs, amax_rowwise=amax if rowwise else None,
-                         amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
-    return qt.with_swizzled_scales() if opts["gemm_swizzled_scales"] else qt
+        cls, extra = NVFP4Tensor, dict(amax_rowwise=amax if rowwise else None,
+                                       amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
+    # The native ops return a 0-element placeholder for a usage not asked for.
+    wanted = (rowwise, rowwise, columnwise, columnwise)
+    qt = cls(shape=x.shape, dtype=x.dtype, **{name: b if on else None for name, b, on in zip(BUFFER_NAMES, bufs, wanted)},
+             **extra)
+    return qt.with_swizzled_scales() if opts.get("gemm_swizzled_scales") else qt
 
 
 class QuantizeSpec:

@@ -1,9 +1,11 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
+import torch.distributed as dist
 
 
 def _num_gpus():
@@ -32,3 +34,15 @@ def run_python(code: str, env=None, timeout=600):
     """Run code in a fresh interpreter (for anything that may leave a sticky CUDA error)."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A gloo process group of one process (this one), unless a group already exists."""
+    created = not dist.is_initialized()
+    with tempfile.TemporaryDirectory() as tmp:
+        if created:
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
+        yield
+        if created:
+            dist.destroy_process_group()

@@ -94,18 +94,6 @@ def test_not_initialized_is_a_clear_error():
 
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    """A gloo group of one process (this one) for the world-size-1 and argument checks."""
-    created = not dist.is_initialized()
-    with tempfile.TemporaryDirectory() as tmp:
-        if created:
-            dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
-        yield
-        if created:
-            dist.destroy_process_group()
-
-
 def test_world_size_one_is_a_no_op_that_keeps_the_type(world_of_one, gen):
     from pyxfer import formats
     x = torch.randn(64, 32, generator=gen).to(torch.bfloat16)

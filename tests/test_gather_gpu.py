@@ -5,11 +5,9 @@ bit-exact; once with each rank's data on its own GPU and once swapped (rank 0's 
 its current device is 0). Plus single-process checks with data on cuda:1 and current device 0."""
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pyxfer
 
@@ -37,17 +35,6 @@ def test_nccl_gather_case(case, swap):
     assert errors is not None, f"case {case} did not run (seed {seed})"
     failed = [(r, e) for r, e in enumerate(errors) if e]
     assert not failed, f"seed {seed}: " + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed)
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    created = not dist.is_initialized()
-    with tempfile.TemporaryDirectory() as tmp:
-        if created:
-            dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
-        yield
-        if created:
-            dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4"])
