@@ -14,7 +14,7 @@ Protocol of one call (every rank runs the same steps, so every rank takes the sa
    global amax is equal on every rank; otherwise fallback (dequantize to the nominal dtype,
    ``.contiguous()``, gather, requantize only if the gathered shape is quantizable).
 3. Data: every buffer gathered (raw bytes for dtypes the backends lack) in one coalesced NCCL group
-   (gloo: one op per buffer), straight into the result where
+   (gloo: all buffers packed into one byte buffer, one all-gather), straight into the result where
    the rank-major concatenation already is the right layout, into temporaries where a fix-up is
    needed (FP8-block rowwise 1x128 scales, FP8-block columnwise data, 128x128 columnwise scales,
    NVFP4 columnwise data and scales). Padded shard scales are trimmed before and zero-padded after,
@@ -516,18 +516,25 @@ _OPTS = None
 
 
 def _allgather(outs, ins, group):
-    """Start one coalesced all-gather of ``ins`` (contiguous, one device) into ``outs`` (W times as
-    many elements each, rank-major); returns the backend's Work. The process group's own
-    ``allgather_into_tensor_coalesced`` (NCCL: one ncclGroup; gloo: supported too) is called
-    directly: torch.distributed's Python wrappers add tens of microseconds per call, and
-    ``all_gather_into_tensor`` warns (FutureWarning) on torch >= 2.13."""
+    """Start an all-gather of ``ins`` (contiguous, one device) into ``outs`` (W times as many
+    elements each, rank-major); returns the backend's Work. The process group's own methods are
+    called directly: torch.distributed's Python wrappers add tens of microseconds per call, and
+    ``all_gather_into_tensor`` warns (FutureWarning) on torch >= 2.13. CUDA (NCCL): one coalesced
+    collective (one ncclGroup). CPU (gloo): exactly one tensor, through ``_allgather_base`` (gloo's
+    plain all-gather): gloo's coalesced all-gather mis-gathers lists of mixed dtypes, and with
+    several gloo all-gathers in flight at once on torch 2.14 a rank was seen to hang in gloo's
+    buffer teardown (another run died of heap corruption), so the CPU path never has more than one
+    of its own in flight (see _launch)."""
     global _OPTS
     if _OPTS is None:
         _OPTS = dist.AllgatherOptions() if hasattr(dist, "AllgatherOptions") else \
             __import__("torch.distributed.distributed_c10d", fromlist=["x"]).AllgatherOptions()
         if hasattr(_OPTS, "asyncOp"):
             _OPTS.asyncOp = True
-    return group.allgather_into_tensor_coalesced(outs, ins, _OPTS)
+    if ins[0].is_cuda:
+        return group.allgather_into_tensor_coalesced(outs, ins, _OPTS)
+    (out,), (inp,) = outs, ins
+    return group._allgather_base(out, inp, _OPTS)
 
 
 class _MetaBuffers:
@@ -736,16 +743,40 @@ def _decide(local: _Local, metas, world) -> _Plan:
 # ---------------------------------------------------------------------------------------------
 # Launch, finish, handle
 
-def _launch(parts, group):
-    """Start the gathers of every non-empty part: on CUDA (NCCL) in one coalesced collective; on
-    the CPU (gloo) one op per part, because gloo's coalesced all-gather flattens its inputs into one
-    buffer and mis-gathers lists of mixed dtypes (and runs them one by one anyway)."""
+class _PackedWork:
+    """gloo: the parts' bytes gathered as one buffer (what gloo's coalesced all-gather does inside,
+    without its defects; see _allgather); ``wait()`` copies each rank's bytes into the parts."""
+
+    def __init__(self, ops, group, world):
+        self._ops, self._world = ops, world
+        self._send = torch.cat([_bytes(p.send) for p in ops])
+        self._recv = torch.empty(world * self._send.numel(), dtype=torch.uint8)
+        self._work = _allgather([self._recv], [self._send], group)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def wait(self):
+        self._work.wait()
+        rows, offset = self._recv.view(self._world, -1), 0
+        for p in self._ops:
+            _bytes(p.recv).view(self._world, p.nbytes).copy_(rows[:, offset:offset + p.nbytes])
+            offset += p.nbytes
+        return True
+
+
+def _launch(parts, group, world):
+    """Start the gathers of every non-empty part: one collective on either backend. CUDA (NCCL):
+    one coalesced group straight into the parts' buffers. CPU (gloo): one part goes straight into
+    its buffer; several are packed into one byte buffer (_PackedWork)."""
     ops = [p for p in parts if p.nbytes]
     if not ops:
         return []
     if ops[0].send.is_cuda:
         return [_allgather([p.recv for p in ops], [p.send for p in ops], group)]
-    return [_allgather([p.recv], [p.send], group) for p in ops]
+    if len(ops) == 1:
+        return [_allgather([_bytes(ops[0].recv)], [_bytes(ops[0].send)], group)]
+    return [_PackedWork(ops, group, world)]
 
 
 def _verify(data_parts, expected, rank, world):
@@ -922,7 +953,7 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
             local.hashes = _hash_all(data_parts)
             hashes = torch.empty(world * len(data_parts), dtype=torch.int64, device=device)
             parts = data_parts + [_Part(_HASH_PART, local.hashes, hashes, None)]
-        works = _launch(parts, group)
+        works = _launch(parts, group, world)
     if plan.warning is not None:
         _warn_once(*plan.warning)
 

@@ -29,13 +29,18 @@ WORLD_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT_S = 240
 
 
-def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S):
-    """Spawn ``world`` worker processes; returns {case: [None or error text per rank]}. A rank that
-    died or hung is reported on the first case it did not finish."""
-    seed = int.from_bytes(os.urandom(4), "little")
+def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S, seed=None):
+    """Spawn ``world`` worker processes; returns (seed, {case: [None or error text per rank]}). A
+    rank that died or hung is reported on the first case it did not finish. PYXFER_GATHER_SEED
+    replays a failing run's seed."""
+    if seed is None:
+        seed = int(os.environ.get("PYXFER_GATHER_SEED") or int.from_bytes(os.urandom(4), "little"))
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/init"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+        # no empty PYTHONPATH entry: that would put the working directory (maybe a source tree
+        # without the built extension) ahead of the installed pyxfer
+        path = [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
                "OMP_NUM_THREADS": "1"}
         procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "gather_worker.py"), "--rank", str(r),
                                    "--world", str(world), "--init", init, "--out", tmp, "--seed", str(seed),
