@@ -70,12 +70,17 @@ def peer_matrix(n):
             for i in range(n)]
 
 
+def _verdict(bad, ok_detail):
+    """A self-check's result: FAIL listing what went wrong, else OK with ``ok_detail``."""
+    return (FAIL, "; ".join(bad)) if bad else (OK, ok_detail)
+
+
 def _vector_check(device):
     from ._selftest import check_vectors
 
     results = check_vectors(device)
     bad = [f"{name}: got {got:016x}, expected {exp:016x}" for name, ok, got, exp in results if not ok]
-    return (FAIL, "; ".join(bad)) if bad else (OK, f"{len(results)} spec vectors match")
+    return _verdict(bad, f"{len(results)} spec vectors match")
 
 
 def _agreement_check(device):
@@ -83,7 +88,7 @@ def _agreement_check(device):
 
     results = check_agreement(device)
     bad = [f"{name}: cpu {a:016x} != {device} {b:016x}" for name, ok, a, b in results if not ok]
-    return (FAIL, "; ".join(bad[:5])) if bad else (OK, f"{len(results)} random buffers (every alignment mod 16) agree")
+    return _verdict(bad[:5], f"{len(results)} random buffers (every alignment mod 16) agree")
 
 
 def _format_vector_check(device):
@@ -91,7 +96,7 @@ def _format_vector_check(device):
 
     results = check_format_vectors(device)
     bad = [f"{name}: got {got}, expected {exp}" for name, ok, got, exp in results if not ok]
-    return (FAIL, "; ".join(bad)) if bad else (OK, f"{len(results)} worked examples of the spec match")
+    return _verdict(bad, f"{len(results)} worked examples of the spec match")
 
 
 def _format_agreement_check(device):
@@ -99,7 +104,7 @@ def _format_agreement_check(device):
 
     results = check_format_agreement(device)
     bad = [f"{fmt}: {detail} differ" for fmt, ok, detail in results if not ok]
-    return (FAIL, "; ".join(bad)) if bad else (OK, f"{len(results)} formats x both usages bit-identical")
+    return _verdict(bad, f"{len(results)} formats x both usages bit-identical")
 
 
 def _transfer_check(src, dst, num_bytes=16 << 20):

@@ -814,7 +814,7 @@ class GatherHandle:
     def is_completed(self) -> bool:
         if self._done:
             return True
-        return all(all(x.is_completed() for x in getattr(w, "works", [w]) if x is not None) for w in self._works)
+        return all(w.is_completed() for w in self._works)
 
     def wait(self):
         if not self._done:

@@ -80,13 +80,17 @@ def group_results(world):
     return _cache[world]
 
 
-@pytest.mark.parametrize("world,case", [(w, c) for w in WORLD_SIZES for c in gather_worker.case_names(w)])
-def test_gather_case(world, case):
-    seed, results = group_results(world)
+def assert_case_passed(seed, results, case):
+    """Every rank ran ``case`` of a run_group result without an error (else each rank's error)."""
     errors = results.get(case)
     assert errors is not None, f"case {case} did not run (seed {seed})"
     failed = [(r, e) for r, e in enumerate(errors) if e]
     assert not failed, f"seed {seed}: " + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed)
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w in WORLD_SIZES for c in gather_worker.case_names(w)])
+def test_gather_case(world, case):
+    assert_case_passed(*group_results(world), case)
 
 
 # ---- single-process checks (no group of several ranks needed) ---------------------------------

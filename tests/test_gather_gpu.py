@@ -14,7 +14,7 @@ import pyxfer
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gather_worker  # noqa: E402
-from test_gather import run_group  # noqa: E402
+from test_gather import assert_case_passed, run_group  # noqa: E402
 
 pytestmark = pytest.mark.multigpu
 
@@ -30,11 +30,7 @@ def nccl_results(swap):
 @pytest.mark.parametrize("swap", [False, True], ids=["own-gpu", "swapped-gpus"])
 @pytest.mark.parametrize("case", gather_worker.case_names(2))
 def test_nccl_gather_case(case, swap):
-    seed, results = nccl_results(swap)
-    errors = results.get(case)
-    assert errors is not None, f"case {case} did not run (seed {seed})"
-    failed = [(r, e) for r, e in enumerate(errors) if e]
-    assert not failed, f"seed {seed}: " + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed)
+    assert_case_passed(*nccl_results(swap), case)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4"])
