@@ -7,14 +7,17 @@ barrier (and synchronize their GPU) and each rank times one call between two CUD
 current stream (wall clock on the CPU), wait() included: the call has returned and its result is
 ready on that stream. time = median over reps of the slowest rank's call.
 Bytes: bytes_out = W x what one rank sends in the data collective: plain, the shard; quantized, its
-data and scale buffers (scale padding included); fallback, the shard in its nominal dtype (bf16).
+data and scale buffers (scale padding included); fallback, the shard in its nominal dtype (bf16), except
+NVFP4 shards with different amax (gathered quantized, then decoded per shard and requantized).
 algbw = bytes_out / time; busbw = bytes_out x (W-1)/W / time (nccl-tests' all-gather convention).
 Cases (speed-up = time of the bf16 baseline of the same shard shape / time of the case):
 - torch bf16: dist.all_gather_into_tensor (all_gather_single from torch 2.13 on, as pyxfer calls it)
   of the bf16 shard into a preallocated output (the baseline);
   torch uint8: the same for an MxK uint8 shard, the FP8-sized payload without scales (context);
-  torch 256 B all-gather + host read: a host-built 32 x int64 record moved to the device, gathered and
-  read back, as pyxfer.all_gather's metadata exchange does before every data gather (context: its floor);
+  torch 384 B all-gather + host read: a host-built 48 x int64 record moved to the device, gathered and
+  read back, as pyxfer.all_gather's metadata exchange does before the data gather of a call whose
+  signature differs from the group's previous call (context: that exchange's floor; a repeated
+  signature posts its data without waiting for the records);
 - pyxfer bf16: pyxfer.all_gather(x), the wrapper's overhead (its metadata exchange included);
 - quantized FMT USAGE: pyxfer.all_gather(q) of a QuantizedTensor made beforehand (NVFP4 quantized with
   the group's all-reduced amax, so the shards can share one global scale), usages rowwise and
@@ -67,7 +70,7 @@ QUANTIZED_FORMATS = ("mxfp8", "fp8_block_1x128", "nvfp4", "fp8_block_128x128")
 # Rows added to M for a fallback shard: not a multiple of the format's block, W x rows is for even W.
 FALLBACK_EXTRA_ROWS = {"fp8_block": 64, "mxfp8": 16, "nvfp4": 8}
 SPEEDUP_TARGETS = {"mxfp8": 1.6, "fp8_block_1x128": 1.6, "nvfp4": 2.5}
-META_INTS = 32  # int64 slots of pyxfer.all_gather's metadata record
+META_INTS = 48  # int64 slots of pyxfer.all_gather's metadata record
 FALLBACK_TARGET = 1.25
 VERIFY_TARGET = 0.15
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (shared hosts)
@@ -173,8 +176,8 @@ def build_cases(r: Rank, rows, cols):
         TORCH_GATHER(out_record, torch.tensor(record, dtype=torch.int64).to(r.device))
         return out_record.tolist()
 
-    cases.append(Case("torch 256 B all-gather + host read", "context", metadata_round_trip, world * META_INTS * 8,
-                      (META_INTS,), base))
+    cases.append(Case(f"torch {META_INTS * 8} B all-gather + host read", "context", metadata_round_trip,
+                      world * META_INTS * 8, (META_INTS,), base))
     cases.append(Case("pyxfer bf16", "plain", lambda: all_gather(x), world * m * k * 2, (m, k), base,
                       reference=lambda: r.full(x)))
 
@@ -222,7 +225,7 @@ def build_cases(r: Rank, rows, cols):
     q_own = formats.quantize(xa, "nvfp4")
     hp_own = q_own.dequantize()
     cases.append(Case("fallback nvfp4 QuantizedTensor, amax per rank", "fallback", lambda: all_gather(q_own),
-                      world * m * k * 2, (m, k), base, fallback=True,
+                      world * payload_bytes(q_own), (m, k), base, fallback=True,
                       reference=lambda: requantized(r.full(hp_own), "nvfp4", global_amax=r.group_amax(xa))))
     return cases
 

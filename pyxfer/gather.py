@@ -5,14 +5,23 @@ Protocol of one call (every rank runs the same steps, so every rank takes the sa
 
 1. Metadata: one small all-gather of a fixed-size int64 record per rank (kind, format, dtypes,
    options, usages, shape, NVFP4 amax bits, and with ``verify`` the PXH64 of every buffer the rank
-   will send). The record is written into a reused pinned host buffer, moved to the data's device
-   with one copy (NCCL needs device memory), gathered on a side stream (it waits for the caller's
-   stream only when the record holds values computed there: hashes, amax) and read back once;
-   the host allocates the receive buffers meanwhile. Disagreements raise the same ValueError on
-   every rank.
-2. Path: quantized when every shard is quantizable (TE's ``is_quantizable``) and, for NVFP4, the
-   global amax is equal on every rank; otherwise fallback (dequantize to the nominal dtype,
-   ``.contiguous()``, gather, requantize only if the gathered shape is quantizable).
+   will send). The record goes to the data's device (NCCL needs device memory), is gathered and
+   read back once by the host. Disagreements raise the same ValueError on every rank.
+   - A call whose signature (the fields every rank must agree on) differs from the group's last
+     agreed call waits for the records before it sends any data (on CUDA on a side stream that
+     waits for the caller's stream only when the record holds values computed there).
+   - A call that repeats the group's last agreed signature (the fast path) posts its data gather
+     right after its record and checks the records after the data arrived, so the host never waits
+     before the data moves (async calls return at once). Its record says so and lists the buffers
+     it posted: a rank that disagrees waited for the records, sees that, posts the same gather into
+     scratch buffers and raises; the fast ranks raise the same error from ``wait()``; every rank's
+     collectives stay in step.
+2. Path: fixed by the signature: quantized when every shard is quantizable (TE's ``is_quantizable``),
+   else fallback (dequantize to the nominal dtype, ``.contiguous()``, gather, requantize only if the
+   gathered shape is quantizable). NVFP4 shards quantized with different global amax (known from the
+   records, after the data arrived) are gathered quantized all the same and then decoded shard by
+   shard with their own amax and requantized: the same result as the dequantize-then-gather fallback
+   from a quarter of the bytes, and the fallback warning says so.
 3. Data: every buffer gathered (raw bytes for dtypes the backends lack) in one coalesced NCCL group
    (gloo: all buffers packed into one byte buffer, one all-gather), straight into the result where
    the rank-major concatenation already is the right layout, into temporaries where a fix-up is
@@ -33,8 +42,8 @@ import math
 import os
 import struct
 import sys
-import threading
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -80,9 +89,10 @@ _BLOCK = {"fp8_block_1x128": 128, "fp8_block_128x128": 128, "mxfp8": 32, "nvfp4"
 
 KIND_PLAIN, KIND_QUANTIZED, KIND_TO_QUANTIZE = 0, 1, 2  # tensor; QuantizedTensor; tensor + quantize_as
 _KIND_NAMES = {0: "plain tensor", 1: "QuantizedTensor", 2: "tensor with quantize_as"}
-_MAGIC = 0x70786761_74680001  # "pxgath", protocol version 1
+_MAGIC = 0x70786761_74680002  # "pxgath", protocol version 2
 _MAX_DIMS = 8
 _MAX_HASHES = 4
+_MAX_PARTS = _MAX_HASHES + 1  # the data parts, and the hashes when they travel with the data
 # Record layout (int64 slots). Slots [0, _AGREE_LEN) must be equal on every rank: the common case
 # is checked with one comparison per rank.
 (_F_MAGIC, _F_ERROR, _F_KIND, _F_FMT, _F_DTYPE, _F_FP8, _F_ROW, _F_COL, _F_SWIZZLED, _F_POW2, _F_EPS,
@@ -91,8 +101,13 @@ _F_SHAPE = 15
 _AGREE_LEN = _F_SHAPE + _MAX_DIMS
 _F_RANK, _F_AMAX_ROW, _F_AMAX_COL, _F_NHASH = range(_AGREE_LEN, _AGREE_LEN + 4)
 _F_HASH = _F_NHASH + 1
-_META_LEN = 32
-assert _F_HASH + _MAX_HASHES <= _META_LEN
+# Set by a rank that posted its data gather without waiting for the records (the fast path), with
+# the (dtype code, elements) of every part it posted, so that a disagreeing rank can match them.
+_F_FAST = _F_HASH + _MAX_HASHES
+_F_NPARTS = _F_FAST + 1
+_F_LAYOUT = _F_NPARTS + 1
+_META_LEN = 48
+assert _F_LAYOUT + 2 * _MAX_PARTS <= _META_LEN
 # Fields every rank must agree on, in the order they are compared, with their names in errors.
 _AGREE = [(_F_KIND, "input kind"), (_F_FMT, "format"), (_F_DTYPE, "dtype"), (_F_FP8, "fp8_dtype"),
           (_F_ROW, "rowwise usage"), (_F_COL, "columnwise usage"), (_F_SWIZZLED, "gemm_swizzled_scales"),
@@ -537,34 +552,14 @@ def _allgather(outs, ins, group):
     return group._allgather_base(out, inp, _OPTS)
 
 
-class _MetaBuffers:
-    """Reused metadata buffers of one thread for one (device, world size): pinned host records
-    (written and read through numpy), their device copies, and on CUDA a side stream + event."""
-
-    def __init__(self, device, world):
-        cuda = device.type == "cuda"
-        self.host_send = torch.zeros(_META_LEN, dtype=torch.int64, pin_memory=cuda)
-        self.host_recv = torch.zeros(world * _META_LEN, dtype=torch.int64, pin_memory=cuda)
-        self.send_np, self.recv_np = self.host_send.numpy(), self.host_recv.numpy()
-        self.stream = self.event = None
-        self.dev_send, self.dev_recv = self.host_send, self.host_recv
-        if cuda:
-            self.dev_send = torch.empty(_META_LEN, dtype=torch.int64, device=device)
-            self.dev_recv = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
-            self.stream, self.event = torch.cuda.Stream(device), torch.cuda.Event()
+_side_streams = {}  # device -> the stream the records travel on (created once per device)
 
 
-_tls = threading.local()
-
-
-def _meta_buffers(device, world) -> _MetaBuffers:
-    cache = getattr(_tls, "meta", None)
-    if cache is None:
-        cache = _tls.meta = {}
-    bufs = cache.get((device, world))
-    if bufs is None:
-        bufs = cache[(device, world)] = _MetaBuffers(device, world)
-    return bufs
+def _side_stream(device):
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _device_values(local: _Local, meta):
@@ -577,36 +572,143 @@ def _device_values(local: _Local, meta):
         meta[_F_HASH:_F_HASH + len(local.parts)].copy_(local.hashes)
 
 
-def _start_exchange(local: _Local, group, rank, world, device) -> _MetaBuffers:
-    """Start the all-gather of the metadata records. On CUDA it runs on a side stream that waits for
-    the caller's stream only when the record holds values computed there (amax, hashes), so the
-    exchange does not wait for unrelated queued work; the host may prepare buffers meanwhile."""
-    bufs = _meta_buffers(device, world)
-    bufs.send_np[:] = local.record(rank)
-    device_values = local.error is None and (local.amax_dev is not None or (local.verify and local.parts is not None))
-    if bufs.stream is None:
-        if device_values:
-            _device_values(local, bufs.dev_send)
-        _allgather([bufs.dev_recv], [bufs.dev_send], group).wait()
-        return bufs
-    if device_values:
-        bufs.stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(bufs.stream):
-        bufs.dev_send.copy_(bufs.host_send, non_blocking=True)
-        if device_values:
-            _device_values(local, bufs.dev_send)
-        _allgather([bufs.dev_recv], [bufs.dev_send], group).wait()
-        bufs.host_recv.copy_(bufs.dev_recv, non_blocking=True)
-        bufs.event.record(bufs.stream)
-    return bufs
+class _Records:
+    """One call's metadata: this rank's record all-gathered from every rank (own buffers per call, so
+    that calls in flight at once never share one); the host reads the records once (``read``). CUDA,
+    waiting for the records: on a side stream that waits for the caller's stream only when the
+    record holds values computed there (amax, hashes), so the host's wait does not include unrelated
+    queued work. CUDA, fast path: on the caller's stream (its data gather waits for that stream
+    anyway), from the group's cached device copy of the record. CPU (gloo): the gather is waited for
+    at once, so that gloo never has two of pyxfer's collectives in flight."""
+
+    def __init__(self, local: _Local, meta, group, world, device, agreed):
+        self.world, self._metas = world, None
+        device_values = local.error is None and (
+            local.amax_dev is not None or (local.verify and local.parts is not None))
+        if device.type != "cuda":
+            send = torch.tensor(meta, dtype=torch.int64)
+            if device_values:
+                _device_values(local, send)
+            self.dev = self.host = torch.empty(world * _META_LEN, dtype=torch.int64)
+            self.event = None
+            _allgather([self.dev], [send], group).wait()
+            return
+        fast = bool(meta[_F_FAST])
+        stream = torch.cuda.current_stream(device) if fast else _side_stream(device)
+        if device_values and not fast:
+            stream.wait_stream(torch.cuda.current_stream(device))
+        self.host = torch.empty(world * _META_LEN, dtype=torch.int64, pin_memory=True)
+        with contextlib.nullcontext() if fast else torch.cuda.stream(stream):
+            if fast:
+                send = agreed.device_record(meta, device)
+            else:
+                host_send = torch.empty(_META_LEN, dtype=torch.int64, pin_memory=True)
+                host_send.numpy()[:] = meta
+                send = host_send.to(device, non_blocking=True)
+            if device_values:
+                send = send.clone() if fast else send
+                _device_values(local, send)
+            self.dev = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
+            _allgather([self.dev], [send], group).wait()
+            self.host.copy_(self.dev, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(stream)
+
+    def read(self) -> list:
+        """The W records as lists of ints (waits for them the first time)."""
+        if self._metas is None:
+            if self.event is not None:
+                self.event.synchronize()
+            flat = self.host.tolist()
+            self._metas = [flat[r * _META_LEN:(r + 1) * _META_LEN] for r in range(self.world)]
+        return self._metas
+
+    def max_amax(self) -> torch.Tensor:
+        """The largest shard amax of the group as a 1-element fp32 tensor on the current stream,
+        computed on the device from the gathered records (no host read). Non-negative fp32 values
+        order as their bit patterns do."""
+        records = self.dev
+        if self.event is not None:
+            current = torch.cuda.current_stream(records.device)
+            current.wait_event(self.event)
+            records.record_stream(current)
+        bits = records.view(self.world, _META_LEN)[:, _F_AMAX_ROW].max()
+        return bits.to(torch.int32).view(torch.float32).reshape(1)
 
 
-def _finish_exchange(bufs: _MetaBuffers, world) -> list:
-    """Wait for the records; returns W lists of ints (the host reads them once)."""
-    if bufs.event is not None:
-        bufs.event.synchronize()
-    flat = bufs.recv_np.tolist()
-    return [flat[r * _META_LEN:(r + 1) * _META_LEN] for r in range(world)]
+# ---------------------------------------------------------------------------------------------
+# The fast path. A group remembers the signature (the record's agreed slots) of its last call that
+# every rank agreed on. A call with that same signature posts its data gather right after its
+# record, without waiting for the records, and checks them after the data arrived. Its record says
+# so (_F_FAST) and lists the parts it posted: a rank that disagrees (it waited for the records, as
+# every call with another signature does) posts the same gather into scratch buffers before it
+# raises, so every rank's collectives stay in step and every rank raises the same error. The
+# signature fixes the parts (plan and sizes), so a rank on the fast path and one that waited but
+# agrees post the same gather. Every rank updates its signature from the same gathered records.
+
+class _Agreed:
+    __slots__ = ("signature", "layout", "_records")
+
+    def __init__(self):
+        self.signature = self.layout = None
+        self._records = {}  # device -> (record, its device copy)
+
+    def device_record(self, meta, device) -> torch.Tensor:
+        """This rank's fast-path record on ``device``, made once per signature and only read after that.
+        It changes only with the signature, i.e. after a call that waited for its own records (and so
+        for every earlier gather of the group), so no gather in flight still reads the old one."""
+        record, dev = self._records.get(device, (None, None))
+        if record != meta:
+            dev = torch.tensor(meta, dtype=torch.int64).to(device)
+            self._records[device] = (list(meta), dev)
+        return dev
+
+
+_agreed_by_group = weakref.WeakKeyDictionary()
+
+
+def _agreed(group) -> _Agreed:
+    state = _agreed_by_group.get(group)
+    if state is None:
+        state = _agreed_by_group[group] = _Agreed()
+    return state
+
+
+def _signature(meta):
+    """What must be equal on every rank for the same data gather: the agreed slots (and the NVFP4
+    global amax that quantize_as gives). None for a rank whose input was rejected."""
+    if meta[_F_ERROR]:
+        return None
+    sig = tuple(meta[:_AGREE_LEN])
+    if meta[_F_KIND] == KIND_TO_QUANTIZE and meta[_F_FMT] == _NVFP4_CODE and not meta[_F_AMAX_AUTO]:
+        sig += (meta[_F_AMAX_ROW],)
+    return sig
+
+
+def _layout(parts) -> tuple:
+    """(dtype code, elements) of what each part sends, as posted."""
+    return tuple((_DTYPE_CODE[p.send.dtype], p.send.numel()) for p in parts)
+
+
+def _mark_fast(meta, layout):
+    meta[_F_FAST], meta[_F_NPARTS] = 1, len(layout)
+    for i, (code, numel) in enumerate(layout):
+        meta[_F_LAYOUT + 2 * i:_F_LAYOUT + 2 * i + 2] = code, numel
+
+
+def _drain(metas, group, world, device):
+    """Ranks on the fast path posted their data gather before the records showed a disagreement:
+    post the same gather (its layout is in their records) into scratch buffers, then wait for it."""
+    fast = [m for m in metas if m[_F_MAGIC] == _MAGIC and m[_F_FAST]]
+    if not fast:
+        return
+    meta, parts = fast[0], []
+    for i in range(meta[_F_NPARTS]):
+        code, numel = meta[_F_LAYOUT + 2 * i:_F_LAYOUT + 2 * i + 2]
+        send = torch.zeros(numel, dtype=_DTYPES[code - 1], device=device)
+        parts.append(_Part("drain", send, torch.empty(world * numel, dtype=send.dtype, device=device), None))
+    for work in _launch(parts, group, world):
+        work.wait()
 
 
 def _ranks_by_value(metas, slot_fn):
@@ -655,10 +757,11 @@ def _check_agreement(metas, local: _Local, rank: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# Path decision (identical on every rank: it reads only the gathered records)
+# Path decision: from this rank's input alone (the signature fixes it), identical on every rank
+# that agrees. What only the records tell (NVFP4 shard amaxes) is handled after the data arrived.
 
 class _Plan:
-    """What to gather and how to build the result from the finished parts."""
+    """What to gather, and ``build(finals, records)``: the result from the finished parts."""
 
     def __init__(self, parts, build, hashes_in_meta, warning=None):
         self.parts, self.build, self.hashes_in_meta, self.warning = parts, build, hashes_in_meta, warning
@@ -668,19 +771,65 @@ def _amaxes(metas, slot):
     return [_bits_f32(m[slot]) for m in metas]
 
 
-def _decide(local: _Local, metas, world) -> _Plan:
+def _nvfp4_shard_values(parts, r, shape, dtype, amax):
+    """Rank ``r``'s NVFP4 shard decoded from the bytes gathered from it (rowwise if gathered, as
+    QuantizedTensor.dequantize chooses), its trimmed scales zero-padded back to the compact shape."""
+    from . import formats
+    by_name = {p.name: p for p in parts}
+    m, k = math.prod(shape[:-1]), shape[-1]
+    usage = "rowwise" if "rowwise_data" in by_name else "columnwise"
+    layout = formats.buffer_layout("nvfp4", shape, rowwise=usage == "rowwise", columnwise=usage == "columnwise")
+    data = by_name[f"{usage}_data"].region(r).view(layout[f"{usage}_data"][0])
+    scale = torch.zeros(layout[f"{usage}_scale_inv"][0], dtype=torch.uint8, device=data.device)
+    rows, cols = (m, scale.shape[1]) if usage == "rowwise" else (k, m // 16)
+    scale[:rows, :cols] = by_name[f"{usage}_scale_inv"].region(r).view(rows, cols)
+    q = formats.NVFP4Tensor(shape=shape, dtype=dtype, **{
+        f"{usage}_data": data, f"{usage}_scale_inv": scale,
+        f"amax_{usage}": torch.tensor([amax], dtype=torch.float32, device=data.device)})
+    return q.dequantize()
+
+
+def _decide(local: _Local, records: _Records, world) -> _Plan:
     local.build_parts(world)
-    kind = metas[0][_F_KIND]
-    shape = local.shape
+    kind, shape = local.kind, local.shape
     out_shape = (world * shape[0],) + tuple(shape[1:])
     if kind == KIND_PLAIN:
-        return _Plan(local.parts, lambda finals: finals[0], True)
+        return _Plan(local.parts, lambda finals, metas: finals[0], True)
     desc = local.desc
     ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
     shard_ok = desc.is_quantizable(shape)
+    out_ok = desc.is_quantizable(out_shape)
 
-    def quantized_build(q):
-        def build(finals):
+    def requantize(hp, global_amax):
+        return desc.quantize(hp, global_amax=global_amax, swizzled=local.out_swizzled) if out_ok else hp
+
+    def fallback_warning(reason):
+        dtype = str(local.dtype).removeprefix("torch.")
+        then = f"requantized as {desc.fmt}" if out_ok else \
+            f"returned in {dtype}, because the gathered shape {list(out_shape)} is not quantizable either " \
+            f"({_why_not_quantizable(out_shape, desc.fmt)})"
+        return f"{_OP} gathered in {dtype} instead of {desc.fmt}: {reason}. The result is {then}.", \
+            (desc.fmt, "shape", out_ok)
+
+    def quantized_build(q, parts):
+        nvfp4_shards = kind == KIND_QUANTIZED and desc.fmt == "nvfp4"
+
+        def build(finals, metas):
+            if nvfp4_shards:
+                row, col = _amaxes(metas, _F_AMAX_ROW), _amaxes(metas, _F_AMAX_COL)
+                if len(set(row)) > 1 or len(set(col)) > 1:
+                    # The same result as dequantizing each shard with its own amax, gathering the
+                    # values and requantizing, from the quantized bytes already here (no second gather).
+                    amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(row if desc.rowwise else col))
+                    dtype = str(local.dtype).removeprefix("torch.")
+                    _warn_once(f"{_OP} gathered NVFP4 shards that were quantized with different global amax "
+                               f"({amaxes}), so they cannot share one global scale (quantize with the group's "
+                               f"all-reduced amax): each shard was decoded to {dtype} with its own amax and the "
+                               f"result requantized as nvfp4, as the dequantize-then-gather fallback would.",
+                               (desc.fmt, "amax", out_ok))
+                    mine = row if desc.rowwise else col
+                    hp = torch.cat([_nvfp4_shard_values(parts, r, shape, local.dtype, mine[r]) for r in range(world)])
+                    return requantize(hp, max(row + col))
             bufs = {p.name: t for p, t in zip(parts, finals)}
             amax_row = q.amax_rowwise.clone() if desc.fmt == "nvfp4" and desc.rowwise else None
             amax_col = q.amax_columnwise.clone() if desc.fmt == "nvfp4" and desc.columnwise else None
@@ -688,56 +837,17 @@ def _decide(local: _Local, metas, world) -> _Plan:
             return out.with_swizzled_scales() if local.out_swizzled else out
         return build
 
-    def fallback_build(global_amax):
-        out_ok = desc.is_quantizable(out_shape)
-
-        def build(finals):
-            hp = finals[0]
-            if not out_ok:
-                return hp
-            return desc.quantize(hp, global_amax=global_amax, swizzled=local.out_swizzled)
-        return build, out_ok
-
-    if kind == KIND_QUANTIZED:
-        reason = None if shard_ok else f"the shards of shape {list(shape)} on {ranks} cannot be gathered " \
-                                       f"quantized: {_why_not_quantizable(shape, desc.fmt)}"
-        global_amax = None
-        if desc.fmt == "nvfp4":
-            row, col = _amaxes(metas, _F_AMAX_ROW), _amaxes(metas, _F_AMAX_COL)
-            global_amax = max(row + col)
-            if shard_ok and (len(set(row)) > 1 or len(set(col)) > 1):
-                amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(row))
-                reason = (f"the NVFP4 shards were quantized with different global amax ({amaxes}); the quantized "
-                          f"shards cannot share one global scale (quantize with the group's all-reduced amax)")
-        if reason is None:
-            parts = local.parts
-            return _Plan(parts, quantized_build(local.q), True)
-        hashes_in_meta = True
-        if local.x is None:  # predicted quantized (NVFP4 amax differs): dequantize each shard with its own amax
-            local.x = local.q.dequantize()
-            local.parts, hashes_in_meta = [_plain_part(local.x, world)], False
-        build, out_ok = fallback_build(global_amax)
-    else:  # KIND_TO_QUANTIZE
-        if shard_ok:
-            if local.parts is None:  # NVFP4 with the group's amax: max of the shard amaxes = the full tensor's
-                amax = max(_amaxes(metas, _F_AMAX_ROW))
-                local.q = desc.quantize(local.x, global_amax=amax, swizzled=False)
-                local.parts = _quantized_parts(local.q, desc, world)
-                parts = local.parts
-                return _Plan(parts, quantized_build(local.q), False)
-            parts = local.parts
-            return _Plan(parts, quantized_build(local.q), True)
-        reason = f"the shards of shape {list(shape)} on {ranks} cannot be quantized as {desc.fmt}: " \
-                 f"{_why_not_quantizable(shape, desc.fmt)}"
-        build, out_ok = fallback_build(None)
-        hashes_in_meta = True
-    dtype = str(local.x.dtype).removeprefix("torch.")
-    then = f"requantized as {desc.fmt}" if out_ok else \
-        f"returned in {dtype}, because the gathered shape {list(out_shape)} is not quantizable either " \
-        f"({_why_not_quantizable(out_shape, desc.fmt)})"
-    warning = (f"{_OP} gathered in {dtype} instead of {desc.fmt}: {reason}. The result is {then}.",
-               (desc.fmt, "amax" if shard_ok else "shape", out_ok))
-    return _Plan(local.parts, build, hashes_in_meta, warning)
+    if shard_ok:
+        if local.parts is None:  # quantize_as NVFP4 with the group's amax: the max of the shard amaxes
+            local.q = desc.quantize(local.x, global_amax=records.max_amax(), swizzled=False)
+            local.parts = _quantized_parts(local.q, desc, world)
+            return _Plan(local.parts, quantized_build(local.q, local.parts), False)
+        return _Plan(local.parts, quantized_build(local.q, local.parts), True)
+    what = "gathered quantized" if kind == KIND_QUANTIZED else f"quantized as {desc.fmt}"
+    reason = f"the shards of shape {list(shape)} on {ranks} cannot be {what}: {_why_not_quantizable(shape, desc.fmt)}"
+    # (NVFP4 tensors always hold whole 16x16 blocks, so only FP8-block and MXFP8 ones get here.)
+    return _Plan(local.parts, lambda finals, metas: requantize(finals[0], None), True,
+                 fallback_warning(reason))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -917,9 +1027,10 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     requantized locally first (one with more usages only drops them).
 
     Fallback: when a shard is not quantizable for its format (TE's rule: M and K multiples of the
-    block) or NVFP4 shards carry different global amax, x is dequantized to its nominal dtype,
-    gathered contiguous, and requantized with the same format and options when the gathered shape is
-    quantizable (NVFP4 with the max of the shard amaxes), else returned in high precision. A
+    block), x is dequantized to its nominal dtype, gathered contiguous, and requantized with the same
+    format and options when the gathered shape is quantizable, else returned in high precision.
+    NVFP4 shards that carry different global amax give the same result (each shard decoded with its
+    own amax, requantized with the max of the shard amaxes), decoded after a quantized gather. A
     QuantizedGatherFallbackWarning (once per call site and reason) says why.
 
     ``async_op``: return a GatherHandle at once; its ``wait()`` returns the result. Every step after
@@ -928,8 +1039,10 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     hash its sender computed before sending (the hashes travel in the metadata exchange).
 
     World size 1: no communication; returns x itself (quantized per ``quantize_as`` if asked).
-    Mutates nothing it was given. Collectives: one metadata all-gather (blocking: the host reads
-    it), then one (coalesced) data gather. Raises ValueError on every rank when the ranks disagree
+    Mutates nothing it was given. Collectives: one metadata all-gather, then one (coalesced) data
+    gather; the host waits for the metadata first unless the call repeats the signature (kind,
+    dtype, shape, format, usages, options, verify) of the group's last agreed call, in which case
+    it checks the metadata after the data arrived. Raises ValueError on every rank when the ranks disagree
     (the field, its values and the ranks are named) or when a rank's input is invalid (that rank
     raises its own TypeError/ValueError), GatherVerificationError (a RuntimeError, on the receiving
     rank, from ``wait()`` when async) for a corrupted shard, RuntimeError when torch.distributed is
@@ -942,22 +1055,39 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
         return GatherHandle([], lambda: result, None) if async_op else result
     device = local.device or _default_device(group)
     with _on_device(device):
-        exchange = _start_exchange(local, group, rank, world, device)
+        meta = local.record(rank)
+        signature, agreed = _signature(meta), _agreed(group)
+        fast = signature is not None and signature == agreed.signature
+        if fast:
+            _mark_fast(meta, agreed.layout)
+        records = _Records(local, meta, group, world, device, agreed)
         if local.error is None:
-            local.build_parts(world)  # allocations overlap the metadata exchange
-        metas = _finish_exchange(exchange, world)
-        _check_agreement(metas, local, rank)
-        plan = _decide(local, metas, world)
+            local.build_parts(world)  # allocations overlap the exchange
+        if not fast:
+            try:
+                _check_agreement(records.read(), local, rank)
+            except Exception:
+                _drain(records.read(), group, world, device)
+                raise
+        plan = _decide(local, records, world)
         data_parts = parts = plan.parts
         if verify and not plan.hashes_in_meta:  # sent bytes made after the exchange: hashes ride with the data
             local.hashes = _hash_all(data_parts)
             hashes = torch.empty(world * len(data_parts), dtype=torch.int64, device=device)
             parts = data_parts + [_Part(_HASH_PART, local.hashes, hashes, None)]
+        layout = _layout(parts)
+        if fast:
+            assert layout == agreed.layout, f"{_OP}: internal error: parts {layout} differ from {agreed.layout}"
+        else:
+            agreed.signature, agreed.layout = signature, layout
         works = _launch(parts, group, world)
     if plan.warning is not None:
         _warn_once(*plan.warning)
 
     def finish():
+        metas = records.read()
+        if fast:  # the ranks that disagree posted the same gather (_drain), so the data has arrived
+            _check_agreement(metas, local, rank)
         if testing._gather_faults:
             testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
         if verify:
@@ -967,7 +1097,7 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
                 gathered = parts[-1].recv.view(world, len(data_parts)).tolist()
                 expected = lambda r: gathered[r]  # noqa: E731
             _verify(data_parts, expected, rank, world)
-        return plan.build([p.finish() for p in data_parts])
+        return plan.build([p.finish() for p in data_parts], metas)
 
     handle = GatherHandle(works, finish, device)
     return handle if async_op else handle.wait()

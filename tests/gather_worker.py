@@ -523,8 +523,97 @@ def mismatch_cases():
     return out
 
 
+# ---- the fast path: a call with the signature of the group's last agreed call -------------------
+
+@contextlib.contextmanager
+def drains_seen():
+    """Counts, per pyxfer.gather._drain call on this rank, the ranks whose record says they had
+    already posted their data gather (the fast path)."""
+    seen, original = [], pyxfer.gather._drain
+
+    def counting(metas, *args):
+        seen.append(sum(m[pyxfer.gather._F_FAST] for m in metas))
+        return original(metas, *args)
+    pyxfer.gather._drain = counting
+    try:
+        yield seen
+    finally:
+        pyxfer.gather._drain = original
+
+
+def fast_path_cases():
+    """The first call of a signature waits for the records; a repeat posts its data at once and checks
+    the records afterwards. Repeats must give exact results; a rank that disagrees with ranks on the
+    fast path must leave every rank with the same error and the group in step."""
+    out = []
+
+    def in_step(ctx):
+        y = torch.full((2,), float(ctx.rank), device=ctx.device)
+        assert_same(all_gather(y, ctx.group), torch.arange(ctx.world).float().repeat_interleave(2))
+
+    def repeats(ctx):
+        full = full_tensor(ctx, (64, 96), torch.bfloat16, ctx.gen())
+        spec = formats.QuantizeSpec("nvfp4", rowwise=True, columnwise=True)  # amax from the records, on device
+        for i in range(3):
+            x = shard_of(ctx, full * (i + 1)).to(ctx.device)
+            assert_same(gather(ctx, x, verify=i == 1), full * (i + 1))
+            assert_same(gather(ctx, x, quantize_as=spec, async_op=i == 2, verify=i > 0),
+                        spec.quantize(full * (i + 1)))
+            assert_same(gather(ctx, x, quantize_as=spec, async_op=i == 2, verify=i > 0),
+                        spec.quantize(full * (i + 1)))
+        group = ctx.group or dist.group.WORLD
+        assert pyxfer.gather._agreed(group).signature is not None
+    out.append(("fast-repeats", repeats))
+
+    def stale(ctx):
+        """Rank 0 forgot the group's signature (it waits for the records); the others post at once."""
+        full = full_tensor(ctx, (4, 6), torch.float32, ctx.gen())
+        x = shard_of(ctx, full).to(ctx.device)
+        assert_same(gather(ctx, x), full)
+        if ctx.rank == 0:
+            pyxfer.gather._agreed_by_group.clear()
+        assert_same(gather(ctx, x, async_op=True), full)
+        assert_same(gather(ctx, x), full)
+    out.append(("fast-stale-signature-on-one-rank", stale))
+
+    variants = {  # name: (rank 0's input, the others' input, words of the error)
+        "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
+        "dtype": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(4, 3, dtype=torch.float16, device=d),
+                  "dtype"),
+        "bad-input": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones((), device=d), "rejected"),
+    }
+    for name, (agreed, other, words) in variants.items():
+        for fast_ranks in ("rank0", "others"):
+            for asyn in (False, True):
+                def run(ctx, name=name, agreed=agreed, other=other, words=words, fast_ranks=fast_ranks, asyn=asyn):
+                    assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
+                    on_fast = (ctx.rank == 0) == (fast_ranks == "rank0")
+                    x = agreed(ctx.device) if on_fast else other(ctx.device)
+                    with drains_seen() as seen:
+                        try:
+                            gather(ctx, x, async_op=asyn)
+                        except (ValueError, TypeError) as e:
+                            msg = str(e)
+                        else:
+                            raise AssertionError("no error raised")
+                    n_fast = 1 if fast_ranks == "rank0" else ctx.world - 1
+                    assert seen == ([] if on_fast else [n_fast]), (seen, ctx.rank)
+                    others = "rank 1" if ctx.world == 2 else f"ranks {', '.join(map(str, range(1, ctx.world)))}"
+                    if name != "bad-input":
+                        assert words in msg and "rank 0" in msg and others in msg, msg
+                    elif on_fast:  # the others' error names the ranks that rejected their input
+                        assert words in msg and (others if fast_ranks == "rank0" else "rank 0") in msg, msg
+                    else:
+                        assert "0-dim" in msg, msg
+                    in_step(ctx)
+                    in_step(ctx)
+                out.append((f"fast-disagree-{name}-fast-on-{fast_ranks}-{'async' if asyn else 'sync'}", run))
+    return out
+
+
 def cases(world):
-    out = plain_cases() + matrix_cases() + quantized_cases() + fault_cases() + mismatch_cases()
+    out = plain_cases() + matrix_cases() + quantized_cases() + fault_cases() + mismatch_cases() + \
+        fast_path_cases()
     return [(n, f) for n, f in out if world > 2 or n != "plain-subgroup-of-2"]
 
 
