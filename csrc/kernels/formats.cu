@@ -10,6 +10,9 @@
 // consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
 // over NI rows in registers and then over row groups through shared memory. Transposed columnwise
 // outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced rows.
+// NVFP4 has no E2M1 conversion instruction below SM 100, so its per-element work is kept small: the
+// code comes from three rounded lines (e2m1_code_bits), and each block's scale is derived once (the
+// lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory).
 //
 // Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
 // per thread, all loads issued first (16-byte or 8-byte loads, 16-byte stores); transposed data
@@ -122,22 +125,47 @@ struct QuantParams {
 
 // NOTE: the amax reductions below use fmaxf (one FMNMX) instead of fmt::max_f: both drop a NaN
 // operand, and every operand here is non-negative (|x|, or a max of those starting at +0), where the
-// two agree bit for bit (no signed zeros to order).
+// two agree bit for bit (no signed zeros to order). |x| is fmt::abs_f (a LOP3 that the compiler can
+// apply to the raw 16-bit words: fewer live registers) or, for NVFP4, whose elements are unpacked to
+// fp32 anyway for the multiply, fabsf (the same bits, as a free FMNMX operand modifier).
 __device__ __forceinline__ float shfl_max(float v, int offset) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
 }
 
-// fmt::encode_e2m1 without branches, bit-identical for all 2^32 inputs (NaN -> +6 included;
-// checked exhaustively on the host): the magnitude code is the number of rounding thresholds that
-// |x| passes, compared as fp32 bits (monotonic for non-negative floats). Thresholds: > 0.25, >= 0.75,
-// > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 (ties to the even code).
-__host__ __device__ __forceinline__ uint32_t encode_e2m1_fast(float x) {
-  const uint32_t u = fmt::float_bits(x), a = u & 0x7FFFFFFFu;
-  const uint32_t code = uint32_t(a > 0x3E800000u) + uint32_t(a >= 0x3F400000u) + uint32_t(a > 0x3FA00000u) +
-                        uint32_t(a >= 0x3FE00000u) + uint32_t(a > 0x40200000u) + uint32_t(a >= 0x40600000u) +
-                        uint32_t(a > 0x40A00000u);
-  const uint32_t sign = a > 0x7F800000u ? 0u : (u >> 28) & 0x8u;
-  return sign | code;
+// fmt::encode_e2m1 of c (|c| <= 6, the caller clamps) as the fp32 bits 0x4B000000 + magnitude code,
+// bit-identical for all inputs (checked exhaustively on the host, with the clamp and the packing
+// below, against fmt::encode_e2m1 for all 2^32 floats). On [0, 6] the code is RNE of the lowest of
+// three lines: 2|c| on [0, 2], |c| + 2 on [2, 4], |c| / 2 + 4 on [4, 6] (the E2M1 grid points map to
+// the integers, its rounding thresholds to the halves, and min commutes with monotonic rounding). Each
+// line is rounded to an integer, ties to even (= the even code), by adding 2^23 in one FFMA / FADD
+// (|c| is a free operand modifier); the min of the bits is one VIMNMX3 on SM 90.
+__device__ __forceinline__ uint32_t e2m1_code_bits(float c) {
+  const float a = fabsf(c);
+  const uint32_t r1 = __float_as_uint(fmaf(a, 2.0f, 8388608.0f));
+  const uint32_t r2 = __float_as_uint(__fadd_rn(a, 8388610.0f));
+  const uint32_t r3 = __float_as_uint(fmaf(a, 0.5f, 8388612.0f));
+  return min(min(r1, r2), r3);
+}
+
+// What the 0x4B000000 parts of N codes add to the packed word below (mod 2^32).
+__host__ __device__ constexpr uint32_t e2m1_pack_bias(int n) { return n == 0 ? 0u : (0x4B000000u << (4 * (n - 1))) + e2m1_pack_bias(n - 1); }
+
+// N (4 or 8) fmt::encode_e2m1 codes of y[] packed into nibbles, element j in bits [4j, 4j + 4). The
+// clamp to [-6, 6] maps NaN to +6 (fminf drops a NaN operand) and keeps every other sign, so the sign
+// bit of c is the code's bit 3. Per element: 2 FMNMX, 3 FFMA/FADD, 1 min, and two packing steps, each
+// linear mod 2^32 (acc << 1 | sign as a funnel shift, acc * 8 + bits as one IMAD), whose 0x4B000000
+// parts sum to a constant subtracted once.
+template <int N>
+__device__ __forceinline__ uint32_t pack_e2m1(const float (&y)[N]) {
+  uint32_t acc = 0;
+#pragma unroll
+  for (int j = N - 1; j >= 0; --j) {
+    const float c = fmaxf(fminf(y[j], fmt::kE2M1Max), -fmt::kE2M1Max);
+    acc = __funnelshift_l(__float_as_uint(c), acc, 1);
+    acc = acc * 8u + e2m1_code_bits(c);
+  }
+  constexpr uint32_t kBias = e2m1_pack_bias(N);
+  return acc - kBias;
 }
 
 // Two fmt::encode_fp8 results (lo in the low byte) from one conversion instruction on SM 89+: the
@@ -148,6 +176,41 @@ __device__ __forceinline__ uint32_t encode_fp8x2(float lo, float hi, Fp8Kind kin
 #else
   return uint32_t(fmt::encode_fp8(lo, kind)) | uint32_t(fmt::encode_fp8(hi, kind)) << 8;
 #endif
+}
+
+// Two FP8 codes (low byte first) to floats. Exact: every E4M3 / E5M2 value is an fp16 value.
+__device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu),
+                                                    kind == fmt::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
+#else
+  return make_float2(fmt::decode_fp8(uint8_t(pair), kind), fmt::decode_fp8(uint8_t(pair >> 8), kind));
+#endif
+}
+
+__device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
+
+// fmt::nvfp4_block with the E4M3 conversions in hardware on SM 89+ (fmt::encode_fp8, decode_fp8x2),
+// bit for bit: the hardware's cvt.rn.satfinite equals fmt::encode_fp8_sw for every non-NaN input, and
+// s_dec_b is never NaN (min_f(v, FLT_MAX) returns FLT_MAX when v is NaN), so the scale byte is never
+// an E4M3 NaN and the decode is exact. s_enc_sixth = RN(S_enc * fl32(1/6)), the factor that
+// fmt::nvfp4_block computes for every block.
+__device__ __forceinline__ fmt::Nvfp4Block nvfp4_block_fast(float block_amax, float s_enc_sixth, float s_dec) {
+  const float s_dec_b = fmt::min_f(fmt::mul_rn(block_amax, s_enc_sixth), fmt::kFloatMax);
+  fmt::Nvfp4Block b;
+  b.scale = fmt::encode_fp8(s_dec_b, fmt::kE4M3);
+  const float denom = fmt::mul_rn(decode_fp8_one(b.scale, fmt::kE4M3), s_dec);
+  b.multiplier = denom == 0.0f ? fmt::kFloatMax : fmt::min_f(1.0f / denom, fmt::kFloatMax);
+  return b;
+}
+
+// x, with its value hidden from the optimizer: addresses derived from it stay "base + offset" (one
+// 64-bit add per row) instead of being re-derived from the row index with 64-bit multiplies.
+template <typename T>
+__device__ __forceinline__ T* opaque(T* x) {
+  asm("" : "+l"(x));
+  return x;
 }
 
 // Word swizzle of the transposed byte tile: tile row c (a column of x) keeps its words XOR-permuted so
@@ -195,6 +258,11 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
   constexpr bool kFp8Block = F == QFmt::kFp8Block1d || F == QFmt::kFp8Block2d;
   constexpr int kBlock = F == QFmt::kMxfp8 ? fmt::kMxfp8BlockLen : (F == QFmt::kNvfp4 ? fmt::kNvfp4BlockLen : kTile);
   constexpr int kOutWords = F == QFmt::kNvfp4 ? 16 : 32;  // words per row of the transposed tile
+  // NVFP4: a 16-element row block spans kBlockLanes lanes, each of which derives the block scales of
+  // kOwnRows of the NI rows (see the rowwise part); a column block is one of kColBlocks per column.
+  constexpr int kBlockLanes = F == QFmt::kNvfp4 ? kBlock / V : 1;  // 2 or 4
+  constexpr int kOwnRows = NI / kBlockLanes;
+  constexpr int kColBlocks = F == QFmt::kNvfp4 ? kTile / kBlock : 1;
 
   __shared__ __align__(16) float col_part[kGroups][kTile];
   __shared__ uint32_t out_tile[kTile * kOutWords];
@@ -208,12 +276,28 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
   const int64_t gc = k0 + col0;  // first global column of this thread
   const int col_valid = gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
   const bool rowwise = p.row_data != nullptr, columnwise = p.col_data != nullptr;
+  // NVFP4: slot i of v holds tile row row0 + (i ^ perm), so that the kOwnRows rows whose block scales
+  // this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane parity).
+  const int perm = F == QFmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
 
+  // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
+  const int rows_here = int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
   float v[NI][V];
   {
     uint4 raw[NI];
+    if (kVecOk) {  // one base address, a 64-bit add per row
+      const int64_t stride = p.k * (16 / V);  // bytes per row of x
+      const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
 #pragma unroll
-    for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + i, gc, p.m, p.k);
+      for (int i = 0; i < NI; ++i) {
+        const int r = i ^ perm;
+        raw[i] = make_uint4(0, 0, 0, 0);
+        if (r < rows_here && gc < p.k) raw[i] = __ldcs(reinterpret_cast<const uint4*>(base + r * stride));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + (i ^ perm), gc, p.m, p.k);
+    }
 #pragma unroll
     for (int i = 0; i < NI; ++i)
 #pragma unroll
@@ -226,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
   for (int j = 0; j < V; ++j) {
     cpart[j] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], fmt::abs_f(v[i][j]));
+    for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], F == QFmt::kNvfp4 ? fabsf(v[i][j]) : fmt::abs_f(v[i][j]));
   }
   if (F == QFmt::kFp8Block2d) {
     float a = cpart[0];
@@ -255,18 +339,17 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
     }
   }
 
-  float s_enc = 1.0f, s_dec = 1.0f;
+  float s_enc_sixth = 1.0f, s_dec = 1.0f;
   if (F == QFmt::kNvfp4) {
-    s_enc = fmt::nvfp4_encode_scale(*p.global_amax);
+    const float s_enc = fmt::nvfp4_encode_scale(*p.global_amax);
+    s_enc_sixth = fmt::mul_rn(s_enc, float(1.0 / 6.0));  // as fmt::nvfp4_block
     s_dec = static_cast<float>(1.0 / static_cast<double>(s_enc));
   }
 
-  // ---- column block amax (blocks of kBlock rows along M) from the per-group partials. Computed
-  // before the row loop only for MXFP8 (which writes both usages row by row), after it otherwise,
-  // to keep the registers live across the row loop few.
+  // ---- MXFP8 column block amax (blocks of kBlock rows along M) from the per-group partials.
   float cmax[V];
   auto column_amax = [&]() {
-    if (F != QFmt::kFp8Block2d && columnwise) {
+    if (F == QFmt::kMxfp8 && columnwise) {
       constexpr int kGroupsPerBlock = kBlock / NI;
       const int first = (row0 / kBlock) * kGroupsPerBlock;
 #pragma unroll
@@ -323,9 +406,60 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
       static_cast<float*>(p.row_scale)[kt * p.row_scale_cols + row] = static_cast<float>(1.0 / static_cast<double>(row_multiplier));
   }
 
-  // ---- rowwise: blocks of kBlock elements along K = kBlock / V lanes.
-  if (rowwise || (F == QFmt::kMxfp8 && columnwise)) {
-    const bool vec_store = F == QFmt::kNvfp4 ? true : (p.k % V == 0);
+  // ---- NVFP4 rowwise. The kBlockLanes lanes of a block reduce the row amaxes with a reduce-scatter
+  // (each ends with the amaxes of its own kOwnRows rows, in slots [0, kOwnRows)), derive those blocks'
+  // scales once, and all-gather the multipliers: kOwnRows blocks per lane, not NI, and fewer shuffles.
+  if (F == QFmt::kNvfp4 && rowwise) {
+    float amax[NI];
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      amax[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax[i] = fmaxf(amax[i], fabsf(v[i][j]));
+    }
+    // Chunk c (slots [c * kOwnRows, ...)) of lane q holds the rows that the partner q ^ d keeps in its
+    // chunk c ^ d; each round keeps the chunks with bit d clear and folds in the partner's other one.
+#pragma unroll
+    for (int d = 1; d < kBlockLanes; d *= 2)
+#pragma unroll
+      for (int c = 0; c < kBlockLanes; c += 2 * d)
+#pragma unroll
+        for (int s = 0; s < kOwnRows; ++s)
+          amax[c * kOwnRows + s] = fmaxf(amax[c * kOwnRows + s], __shfl_xor_sync(0xffffffffu, amax[(c + d) * kOwnRows + s], d));
+    float multiplier[NI];
+    uint8_t* scale_dst = opaque(static_cast<uint8_t*>(p.row_scale) + (m0 + row0 + perm) * p.row_scale_cols + gc / kBlock);
+#pragma unroll
+    for (int s = 0; s < kOwnRows; ++s) {
+      const fmt::Nvfp4Block b = nvfp4_block_fast(amax[s], s_enc_sixth, s_dec);
+      multiplier[s] = b.multiplier;
+      if (perm + s < rows_here && col_valid > 0) scale_dst[s * p.row_scale_cols] = b.scale;
+    }
+#pragma unroll
+    for (int d = kBlockLanes / 2; d >= 1; d /= 2)
+#pragma unroll
+      for (int c = 0; c < kBlockLanes; c += 2 * d)
+#pragma unroll
+        for (int s = 0; s < kOwnRows; ++s)
+          multiplier[(c + d) * kOwnRows + s] = __shfl_xor_sync(0xffffffffu, multiplier[c * kOwnRows + s], d);
+    uint8_t* data_dst = opaque(p.row_data + (m0 + row0) * (p.k / 2) + gc / 2);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      float y[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], multiplier[i]);
+      const uint32_t packed = pack_e2m1<V>(y);
+      const int r = i ^ perm;
+      if (r < rows_here && col_valid > 0) {
+        uint8_t* dst = data_dst + r * (p.k / 2);
+        if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
+        else *reinterpret_cast<uint32_t*>(dst) = packed;
+      }
+    }
+  }
+
+  // ---- rowwise (FP8 block, MXFP8): blocks of kBlock elements along K = kBlock / V lanes.
+  if (F != QFmt::kNvfp4 && (rowwise || (F == QFmt::kMxfp8 && columnwise))) {
+    const bool vec_store = p.k % V == 0;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       const int64_t row = m0 + row0 + i;
@@ -342,49 +476,35 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
       }
       if (!rowwise) continue;
       float a = 0.0f;
-      if (F != QFmt::kFp8Block2d && F != QFmt::kFp8Block1d) {
+      if (F == QFmt::kMxfp8) {
 #pragma unroll
         for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
 #pragma unroll
         for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
       }
       const bool valid = row < p.m && col_valid > 0;
-      if (F == QFmt::kNvfp4) {
-        const fmt::Nvfp4Block b = fmt::nvfp4_block(a, s_enc, s_dec);
-        uint32_t packed = 0;
-#pragma unroll
-        for (int j = 0; j < V; ++j) packed |= encode_e2m1_fast(fmt::mul_rn(v[i][j], b.multiplier)) << (4 * j);
-        if (valid) {
-          uint8_t* dst = p.row_data + row * (p.k / 2) + gc / 2;
-          if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
-          else *reinterpret_cast<uint32_t*>(dst) = packed;
-          if (gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = b.scale;
-        }
+      float multiplier;
+      if (F == QFmt::kMxfp8) {
+        const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
+        multiplier = fmt::e8m0_reciprocal(e);
+        if (valid && gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = e;
+      } else if (F == QFmt::kFp8Block1d) {
+        multiplier = __shfl_sync(0xffffffffu, row_multiplier, (lane & ~(kLanesPerRow - 1)) | i);
       } else {
-        float multiplier;
-        if (F == QFmt::kMxfp8) {
-          const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
-          multiplier = fmt::e8m0_reciprocal(e);
-          if (valid && gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = e;
-        } else if (F == QFmt::kFp8Block1d) {
-          multiplier = __shfl_sync(0xffffffffu, row_multiplier, (lane & ~(kLanesPerRow - 1)) | i);
-        } else {
-          multiplier = tile_scale;
-        }
-        uint8_t b[V];
-#pragma unroll
-        for (int j = 0; j < V; j += 2) {
-          const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], multiplier), fmt::mul_rn(v[i][j + 1], multiplier), p.kind);
-          b[j] = uint8_t(two);
-          b[j + 1] = uint8_t(two >> 8);
-        }
-        if (valid) store_bytes<V>(p.row_data, row * p.k + gc, b, col_valid, vec_store);
+        multiplier = tile_scale;
       }
+      uint8_t b[V];
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], multiplier), fmt::mul_rn(v[i][j + 1], multiplier), p.kind);
+        b[j] = uint8_t(two);
+        b[j + 1] = uint8_t(two >> 8);
+      }
+      if (valid) store_bytes<V>(p.row_data, row * p.k + gc, b, col_valid, vec_store);
     }
   }
 
   if (!columnwise || F == QFmt::kMxfp8) return;  // uniform across the CTA
-  if (F != QFmt::kFp8Block1d) column_amax();
 
   if (kFp8Block) {
     // Transposed FP8 bytes: tile row c = column col0 + j, words (m / 4) of 4 consecutive rows.
@@ -422,48 +542,84 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
       }
     }
   } else {  // NVFP4: nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
+    // The 128 x kColBlocks column blocks' scales, kPerThread consecutive blocks of one column per
+    // thread: derived once (not by every row group of a block) and shared through shared memory; the
+    // thread's scale bytes are adjacent in col_scale, so they leave as one word where aligned.
+    constexpr int kPerThread = kTile * kColBlocks / kThreads;
+    constexpr int kGroupsPerBlock = kBlock / NI;
+    __shared__ float col_multiplier[kColBlocks][kTile];
+    {
+      const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
+      uint32_t scales = 0;
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        float a = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kGroupsPerBlock; ++g) a = fmaxf(a, col_part[(b0 + u) * kGroupsPerBlock + g][c]);
+        const fmt::Nvfp4Block b = nvfp4_block_fast(a, s_enc_sixth, s_dec);
+        col_multiplier[b0 + u][c] = b.multiplier;
+        scales |= uint32_t(b.scale) << (8 * u);
+      }
+      const int64_t mb0 = m0 / kBlock + b0;  // first block (along M) of this thread
+      if (k0 + c < p.k && mb0 * kBlock < p.m) {
+        uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + c) * p.col_scale_cols + mb0;
+        if ((mb0 + kPerThread) * kBlock <= p.m && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
+          *reinterpret_cast<uint32_t*>(dst) = scales;
+        } else {
+#pragma unroll
+          for (int u = 0; u < kPerThread; ++u)
+            if ((mb0 + u) * kBlock < p.m) dst[u] = uint8_t(scales >> (8 * u));
+        }
+      }
+    }
+    __syncthreads();
     float multiplier[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const fmt::Nvfp4Block b = fmt::nvfp4_block(cmax[j], s_enc, s_dec);
-      multiplier[j] = b.multiplier;
-      if (first_row_of_block && block_row < p.m && j < col_valid)
-        static_cast<uint8_t*>(p.col_scale)[(gc + j) * p.col_scale_cols + block_row / kBlock] = b.scale;
-    }
+    for (int j = 0; j < V; ++j) multiplier[j] = col_multiplier[row0 / kBlock][col0 + j];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int c = col0 + j;
+      uint32_t w[NI / 8];  // in slot order
 #pragma unroll
       for (int t = 0; t < NI / 8; ++t) {
-        uint32_t w = 0;
+        float y[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) w |= encode_e2m1_fast(fmt::mul_rn(v[8 * t + u][j], multiplier[j])) << (4 * u);
+        for (int u = 0; u < 8; ++u) y[u] = fmt::mul_rn(v[8 * t + u][j], multiplier[j]);
+        w[t] = pack_e2m1<8>(y);
+      }
+#pragma unroll
+      for (int t = 0; t < NI / 8; ++t) {
+        // Rows 8t..8t+7 sit in slots (8t..8t+7) ^ perm (perm a multiple of 4): word t ^ (perm / 8),
+        // halves swapped when perm & 4.
+        const uint32_t ws = (perm & 8) ? w[t ^ ((NI / 8) - 1)] : w[t];
         const int q = row0 / 8 + t;
-        out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
+        out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = __funnelshift_l(ws, ws, (perm & 4) * 4);
       }
     }
   }
   __syncthreads();
 
   // Coalesced store of the transposed tile: consecutive threads write consecutive words of a row.
+  // Pass n writes tile rows c0 + n * kRowsPerPass at word q, from one base address.
+  constexpr int kRowsPerPass = kThreads / kOutWords;
+  const int c0 = threadIdx.x / kOutWords, q = threadIdx.x % kOutWords;
   const int64_t out_row_bytes = F == QFmt::kNvfp4 ? p.m / 2 : p.m;  // bytes per row of col_data
-  const int64_t byte0 = F == QFmt::kNvfp4 ? m0 / 2 : m0;
+  const int64_t off = (F == QFmt::kNvfp4 ? m0 / 2 : m0) + 4 * q;
   const bool word_store = out_row_bytes % 4 == 0;
+  const int64_t rows_left = p.k - (k0 + c0);  // tile rows c0 + r with r < rows_left are inside
+  uint8_t* dst0 = opaque(p.col_data + (k0 + c0) * out_row_bytes + off);
 #pragma unroll
   for (int n = 0; n < kTile * kOutWords / kThreads; ++n) {
-    const int idx = n * kThreads + threadIdx.x;
-    const int c = idx / kOutWords, q = idx % kOutWords;
-    const int64_t kk = k0 + c;
-    if (kk >= p.k) continue;
+    const int c = c0 + n * kRowsPerPass;
+    if (n * kRowsPerPass >= rows_left) continue;
     const uint32_t w = out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))];
-    const int64_t off = byte0 + 4 * q;
-    uint8_t* dst = p.col_data + kk * out_row_bytes;
+    uint8_t* dst = dst0 + n * kRowsPerPass * out_row_bytes;
     if (word_store) {
-      if (off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst + off) = w;
+      if (off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst) = w;
     } else {
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (off + u < out_row_bytes) dst[off + u] = uint8_t(w >> (8 * u));
+        if (off + u < out_row_bytes) dst[u] = uint8_t(w >> (8 * u));
     }
   }
 }
@@ -493,19 +649,6 @@ cudaError_t launch_quantize(QuantParams p, HighPrecision dtype, cudaStream_t str
 
 // ---------------------------------------------------------------------------------------------------
 // Dequantize.
-
-// Two FP8 codes (low byte first) to floats. Exact: every E4M3 / E5M2 value is an fp16 value.
-__device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu),
-                                                    kind == fmt::kE4M3 ? __NV_E4M3 : __NV_E5M2);
-  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
-#else
-  return make_float2(fmt::decode_fp8(uint8_t(pair), kind), fmt::decode_fp8(uint8_t(pair >> 8), kind));
-#endif
-}
-
-__device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
 
 enum class DFmt { kFp8Block1d, kFp8Block2d, kMxfp8, kNvfp4 };
 
