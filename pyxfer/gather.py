@@ -680,9 +680,12 @@ def _signature(meta):
     if meta[_F_ERROR]:
         return None
     sig = tuple(meta[:_AGREE_LEN])
-    if meta[_F_KIND] == KIND_TO_QUANTIZE and meta[_F_FMT] == _NVFP4_CODE and not meta[_F_AMAX_AUTO]:
-        sig += (meta[_F_AMAX_ROW],)
-    return sig
+    return sig + (meta[_F_AMAX_ROW],) if _gives_nvfp4_amax(meta) else sig
+
+
+def _gives_nvfp4_amax(meta) -> bool:
+    """quantize_as NVFP4 with a given global amax: every rank must give the same one."""
+    return meta[_F_KIND] == KIND_TO_QUANTIZE and meta[_F_FMT] == _NVFP4_CODE and not meta[_F_AMAX_AUTO]
 
 
 def _layout(parts) -> tuple:
@@ -726,9 +729,8 @@ def _check_agreement(metas, local: _Local, rank: int):
     """Raise the same ValueError on every rank unless every record agrees (errors name the field,
     the values and the ranks); a rank whose own input was rejected re-raises its own error."""
     m0 = metas[0]
-    head = m0[:_AGREE_LEN]
-    if m0[_F_MAGIC] == _MAGIC and not m0[_F_ERROR] and all(m[:_AGREE_LEN] == head for m in metas[1:]) and not (
-            m0[_F_KIND] == KIND_TO_QUANTIZE and m0[_F_FMT] == _NVFP4_CODE and not m0[_F_AMAX_AUTO]):
+    signature = _signature(m0)
+    if m0[_F_MAGIC] == _MAGIC and signature is not None and all(_signature(m) == signature for m in metas[1:]):
         return  # the common case: one comparison per rank
     bad = [r for r, m in enumerate(metas) if m[_F_MAGIC] != _MAGIC]
     if bad:
@@ -752,7 +754,7 @@ def _check_agreement(metas, local: _Local, rank: int):
     ndim = metas[0][_F_NDIM]
     check("shape[1:]", lambda m: tuple(m[_F_SHAPE + 1:_F_SHAPE + ndim]), lambda v: str(list(v)))
     check("dim 0 (shards must be of equal size)", lambda m: m[_F_SHAPE], str)
-    if m0[_F_KIND] == KIND_TO_QUANTIZE and m0[_F_FMT] == _NVFP4_CODE and not m0[_F_AMAX_AUTO]:
+    if _gives_nvfp4_amax(m0):
         check("the NVFP4 global_amax of quantize_as", lambda m: m[_F_AMAX_ROW], lambda v: _describe(_F_AMAX_ROW, v))
 
 

@@ -348,26 +348,23 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
 
   // ---- MXFP8 column block amax (blocks of kBlock rows along M) from the per-group partials.
   float cmax[V];
-  auto column_amax = [&]() {
-    if (F == QFmt::kMxfp8 && columnwise) {
-      constexpr int kGroupsPerBlock = kBlock / NI;
-      const int first = (row0 / kBlock) * kGroupsPerBlock;
+  if (F == QFmt::kMxfp8 && columnwise) {
+    constexpr int kGroupsPerBlock = kBlock / NI;
+    const int first = (row0 / kBlock) * kGroupsPerBlock;
 #pragma unroll
-      for (int j = 0; j < V; ++j) cmax[j] = 0.0f;
+    for (int j = 0; j < V; ++j) cmax[j] = 0.0f;
 #pragma unroll
-      for (int gi = 0; gi < kGroupsPerBlock; ++gi) {
+    for (int gi = 0; gi < kGroupsPerBlock; ++gi) {
 #pragma unroll
-        for (int j = 0; j < V; j += 4) {
-          const float4 c = *reinterpret_cast<const float4*>(&col_part[first + gi][col0 + j]);
-          cmax[j] = fmaxf(cmax[j], c.x);
-          cmax[j + 1] = fmaxf(cmax[j + 1], c.y);
-          cmax[j + 2] = fmaxf(cmax[j + 2], c.z);
-          cmax[j + 3] = fmaxf(cmax[j + 3], c.w);
-        }
+      for (int j = 0; j < V; j += 4) {
+        const float4 c = *reinterpret_cast<const float4*>(&col_part[first + gi][col0 + j]);
+        cmax[j] = fmaxf(cmax[j], c.x);
+        cmax[j + 1] = fmaxf(cmax[j + 1], c.y);
+        cmax[j + 2] = fmaxf(cmax[j + 2], c.z);
+        cmax[j + 3] = fmaxf(cmax[j + 3], c.w);
       }
     }
-  };
-  if (F == QFmt::kMxfp8) column_amax();
+  }
   const bool first_row_of_block = row0 % kBlock == 0;
   const int64_t block_row = m0 + row0;  // first global row of this thread (a block start when first_row_of_block)
 
