@@ -10,12 +10,18 @@ Times, on cuda:0 -> cuda:1 with CUDA events (median of 10; 16 MiB, 256 MiB and 1
   PXH64 alone                                the hash's own time on that size
 and the wall-clock latency of a 4 KiB copy (raw and verified sync, median of 200).
 
---schedules "6,2 8,2 2,8" runs the verified cases once per schedule, each in a subprocess with
-PYXFER_PEER_CHUNKS set (read once by the native library: "<shrink>,<min chunk MiB>"; each chunk is
-1/shrink of the one before, none below the minimum; "2,8" is halving with 8 MiB chunks, "1,1" no
-pipelining), and prints them side by side against raw copy_ measured in each run.
+--timeline prints, for one raw copy_ and one verified sync copy at 4 KiB, 16 MiB and 256 MiB, what ran on each
+GPU and stream and when (torch.profiler), relative to the call's start on the host, and when the call
+returned: where the time between the copy and the host's return goes.
 
-    python benchmarks/peer_overlap.py [--schedules "6,2 8,2 2,8"] [--json out.json]
+--schedules "6,2 8,2 2,8:0" runs the verified cases once per schedule, each in a subprocess with the
+native library's knobs set (read once): "<shrink>,<min chunk MiB>" is PYXFER_PEER_CHUNKS (each chunk
+of the copy-engine pipeline is 1/shrink of the one before, none below the minimum; "2,8" is halving
+with 8 MiB chunks, "1,1" no pipelining) and an optional ":<MiB>" PYXFER_PEER_FUSED_MIB (hashed peer
+copies up to that size run as one pull-and-hash kernel; 0: never). Prints them side by side against
+raw copy_ measured in each run.
+
+    python benchmarks/peer_overlap.py [--schedules "6,2 8,2 2,8:0"] [--timeline] [--json out.json]
 """
 import argparse
 import json
@@ -100,7 +106,6 @@ def measure(with_diagnostics):
             cases["hash src alone"] = lambda: torch.ops.pyxfer.checksum(src, 0)
         for name, fn in cases.items():
             result.append({"bytes": size, "case": name, "ms": timed(fn)})
-        del src, dst
     pyxfer.check_transfers()
     small = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32, device="cuda:0")
     small_dst = torch.empty_like(small, device="cuda:1")
@@ -110,12 +115,63 @@ def measure(with_diagnostics):
     return result
 
 
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def timeline(sizes=(4 << 10, 16 << 20, 256 << 20), calls=3):
+    """[{bytes, case, returned_us, ops: [{device, stream, name, start_us, end_us}]}] for the last of
+    `calls` profiled calls of each case (each call after a synchronize of both GPUs); times are
+    microseconds from the call's start on the host."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    result = []
+    for size in sizes:
+        src = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:0")
+        dst = torch.empty(size // 4, dtype=torch.int32, device="cuda:1")
+        cases = verified_cases(src, dst)
+        for name in ("raw copy_", "verified sync"):
+            fn = cases[name]
+            for _ in range(3):
+                fn()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for i in range(calls):
+                    torch.cuda.synchronize(0)
+                    torch.cuda.synchronize(1)
+                    with record_function(f"pyxfer-timeline-call-{i}"):
+                        fn()
+                torch.cuda.synchronize(0)
+                torch.cuda.synchronize(1)
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                prof.export_chrome_trace(f.name)
+                events = json.load(open(f.name))["traceEvents"]
+            mark = next(e for e in events if e.get("name") == f"pyxfer-timeline-call-{calls - 1}"
+                        and e.get("cat") == "user_annotation")
+            t0, t1 = float(mark["ts"]), float(mark["ts"]) + float(mark["dur"])
+            ops = []
+            for e in events:
+                if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X" and float(e["ts"]) >= t0:
+                    args = e.get("args", {})
+                    ops.append({"device": args.get("device"), "stream": args.get("stream"), "name": e["name"][:40],
+                                "start_us": float(e["ts"]) - t0, "end_us": float(e["ts"]) + float(e["dur"]) - t0})
+            ops.sort(key=lambda o: o["start_us"])
+            result.append({"bytes": size, "case": name, "returned_us": t1 - t0, "ops": ops})
+    return result
+
+
+def print_timeline(result):
+    for r in result:
+        rows = [[o["device"], o["stream"], o["name"], f"{o['start_us']:.1f}", f"{o['end_us']:.1f}",
+                 f"{o['end_us'] - o['start_us']:.1f}"] for o in r["ops"]]
+        print_table(f"{fmt_size(r['bytes'])} {r['case']} (the call returned to the host at {r['returned_us']:.1f} us)",
+                    ["gpu", "stream", "op", "start us", "end us", "us"], rows)
+
+
 def run_schedules(schedules):
-    """One subprocess per schedule (the native library reads PYXFER_PEER_CHUNKS once)."""
+    """One subprocess per schedule (the native library reads its knobs once)."""
     runs = {}
     for schedule in schedules:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            env = dict(os.environ, PYXFER_PEER_CHUNKS=schedule)
+            chunks, _, fused = schedule.partition(":")
+            env = dict(os.environ, PYXFER_PEER_CHUNKS=chunks, **({"PYXFER_PEER_FUSED_MIB": fused} if fused else {}))
             subprocess.run([sys.executable, __file__, "--child", "--json", out.name], env=env, check=True)
             runs[schedule] = json.load(open(out.name))["rows"]
     return runs
@@ -123,7 +179,8 @@ def run_schedules(schedules):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--schedules", help='chunk schedules to compare, e.g. "6,2 8,2 2,8" (see the docstring)')
+    p.add_argument("--schedules", help='schedules to compare, e.g. "6,2 8,2 2,8:0" (see the docstring)')
+    p.add_argument("--timeline", action="store_true", help="profile one raw and one verified copy (see the docstring)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json")
     args = p.parse_args()
@@ -133,6 +190,11 @@ def main():
     torch.cuda.set_device(0)
     if args.child:
         write_json(args.json, {"rows": measure(with_diagnostics=False)})
+        return
+    if args.timeline:
+        result = timeline()
+        print_timeline(result)
+        write_json(args.json, {"timeline": result})
         return
     if args.schedules:
         runs = run_schedules(args.schedules.split())
@@ -149,8 +211,8 @@ def main():
                 else:
                     rows.append([schedule, fmt_size(r["bytes"]), r["case"], f"{r['ms']:.3f} ms",
                                  f"raw {base['ms']:.3f} ms", f"{100 * base['ms'] / r['ms']:.1f}% of raw"])
-        print_table("verified peer copies cuda:0 -> cuda:1 per chunk schedule (PYXFER_PEER_CHUNKS; CUDA events, "
-                    "median of 10; 4 KiB: wall latency, median of 200)",
+        print_table("verified peer copies cuda:0 -> cuda:1 per schedule (PYXFER_PEER_CHUNKS[:PYXFER_PEER_FUSED_MIB]; "
+                    "CUDA events, median of 10; 4 KiB: wall latency, median of 200)",
                     ["schedule", "size", "case", "time", "baseline", "vs raw"], rows)
         write_json(args.json, {"schedules": runs})
         return

@@ -368,9 +368,9 @@ def main():
             print(f"  {t['result']:>12}  {t['measured']:>9}  {t['target']}")
     else:
         print("targets: defined for a pair of GPUs; not evaluated here\n")
-    # the peer chunk schedule in effect (a tuning knob read by the native library; see peer_overlap.py)
-    result["peer_chunks"] = os.environ.get("PYXFER_PEER_CHUNKS", "default")
-    print(f"PYXFER_PEER_CHUNKS={result['peer_chunks']}")
+    # the peer-copy knobs in effect (read by the native library; see peer_overlap.py)
+    result["peer_knobs"] = {k: os.environ.get(k, "default") for k in ("PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS")}
+    print(" ".join(f"{k}={v}" for k, v in result["peer_knobs"].items()))
     write_json(args.json, result)
 
 

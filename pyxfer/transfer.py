@@ -16,7 +16,8 @@ ROUTES = ("auto", "direct", "staged")
 VERIFY_MODES = ("sync", "deferred", "none")
 _NATIVE_PREFIX = "pyxfer.TransferError: "
 _verified_copy_op = torch.ops.pyxfer.verified_copy.default  # the overload itself: no packet lookup per call
-_DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), destination PXH64 (0x[0-9a-f]+)")
+_DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), "
+                      r"destination PXH64 (0x[0-9a-f]+)")
 
 
 class TransferError(RuntimeError):
@@ -36,12 +37,27 @@ def _from_native(message: str) -> TransferError:
     return TransferError(text, src=m[1], dst=m[2], num_bytes=int(m[3]), src_hash=int(m[4], 16), dst_hash=int(m[5], 16))
 
 
+_default_route = None
+_num_cuda_devices = None
+
+
 def default_route() -> str:
-    """The route used when none is given: $PYXFER_ROUTE (auto, direct or staged), else "auto"."""
-    route = os.environ.get("PYXFER_ROUTE", "auto")
-    if route not in ROUTES:
-        raise ValueError(f"PYXFER_ROUTE must be one of {ROUTES}, got {route!r}")
-    return route
+    """The route used when none is given: $PYXFER_ROUTE (auto, direct or staged), else "auto".
+    Read at the first copy, like the native knobs (no environment lookup on every call)."""
+    global _default_route
+    if _default_route is None:
+        route = os.environ.get("PYXFER_ROUTE", "auto")
+        if route not in ROUTES:
+            raise ValueError(f"PYXFER_ROUTE must be one of {ROUTES}, got {route!r}")
+        _default_route = route
+    return _default_route
+
+
+def _cuda_device_count() -> int:
+    global _num_cuda_devices
+    if _num_cuda_devices is None:
+        _num_cuda_devices = torch.cuda.device_count()  # fixed for the life of the process
+    return _num_cuda_devices
 
 
 def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync") -> torch.Tensor:
@@ -70,8 +86,9 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     if verify not in VERIFY_MODES:
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
     device = as_device(op, "device", device)
-    if device.type == "cuda" and not 0 <= device.index < torch.cuda.device_count():
-        raise ValueError(f"{op}: device is {device}, which does not exist ({torch.cuda.device_count()} CUDA devices visible)")
+    if device.type == "cuda" and not 0 <= device.index < _cuda_device_count():
+        raise ValueError(f"{op}: device is {device}, which does not exist "
+                         f"({_cuda_device_count()} CUDA devices visible)")
     try:
         return _verified_copy_op(src, device, route, verify)
     except RuntimeError as e:

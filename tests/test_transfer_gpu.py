@@ -27,7 +27,7 @@ def gpu_bytes_equal(a, b):
         a.contiguous().reshape(-1).view(torch.uint8), b.to(a.device).contiguous().reshape(-1).view(torch.uint8))
 
 
-SIZES = [0, 1, 7, 4096 + 3, (1 << 20) + 5, (64 << 20) + 3, (192 << 20) + 11]  # bytes; > 64 MiB: several chunks
+SIZES = [0, 1, 7, 4096 + 3, (1 << 20) + 5, (64 << 20) + 3, (192 << 20) + 11]  # bytes; > 64 MiB: copy engine, chunks
 PAIRS = [("cuda:0", "cuda:1"), ("cuda:1", "cuda:0")]
 
 
@@ -68,7 +68,7 @@ def test_one_gib_both_directions(gen):
 @pytest.mark.parametrize("kind", FAULT_KINDS)
 @pytest.mark.parametrize("src_dev,dst_dev", PAIRS)
 def test_faults_on_the_real_peer_path_are_detected_and_repaired(kind, src_dev, dst_dev, gen):
-    for n in (5, 4099, (96 << 20) + 7):
+    for n in (5, 4099, (5 << 20) + 3, (96 << 20) + 7):  # the fused kernel up to 64 MiB, then the copy engine
         # "stale" / "truncate" leave destination bytes as they were; for the 5-byte copy the one
         # missing byte may equal the source's by chance (1 in 256): then try fresh data again.
         for _ in range(4):
@@ -229,8 +229,11 @@ def test_source_overwritten_right_after_a_deferred_copy(gen):
         assert gpu_bytes_equal(out, ref)
 
 
-@pytest.mark.parametrize("schedule", ["2,8", "8,1", "1,1", "3,0.5"])
-def test_peer_chunk_schedules(schedule):
+# The copy-engine pipeline under several chunk schedules (fused kernel off), and the fused kernel
+# (pull + hash in one kernel) for every size.
+@pytest.mark.parametrize("knobs", [{"PYXFER_PEER_CHUNKS": s, "PYXFER_PEER_FUSED_MIB": "0"}
+                                   for s in ("2,8", "8,1", "1,1", "3,0.5")] + [{"PYXFER_PEER_FUSED_MIB": "1024"}])
+def test_peer_chunk_schedules_and_the_fused_kernel(knobs):
     code = """
 import torch, pyxfer
 for n in (5 << 20, (64 << 20) + 3, (300 << 20) + 7):
@@ -241,10 +244,11 @@ for n in (5 << 20, (64 << 20) + 3, (300 << 20) + 7):
 pyxfer.check_transfers()
 print("ok")
 """
-    r = run_python(code, env={"PYXFER_PEER_CHUNKS": schedule})
+    r = run_python(code, env=knobs)
     assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
-    r = run_python(code, env={"PYXFER_PEER_CHUNKS": "fast"})
-    assert r.returncode != 0 and "PYXFER_PEER_CHUNKS must be" in r.stderr
+    for name in knobs:
+        r = run_python(code, env={name: "fast"})
+        assert r.returncode != 0 and f"{name} must be" in r.stderr
 
 
 def test_staged_copy_keeps_bounded_pinned_memory(gen):

@@ -36,20 +36,31 @@ using c10::cuda::CUDAStream;
 
 constexpr int64_t kOverlapBytes = int64_t(4) << 20;  // from here on, hash beside the copy on side streams
 
-// Pipelined peer copies hash chunk k on the destination while chunk k+1 moves. Each chunk is
+// Hashed peer copies up to fused_max bytes run as one kernel on the destination GPU that pulls the
+// bytes over NVLink and hashes each piece as read back after it landed (launch_copy_pxh64): no
+// copy-engine step and nothing in the tail but the kernel's last blocks. Larger ones use the copy
+// engine, pipelined: they hash chunk k on the destination while chunk k+1 moves. Each chunk is
 // (shrink - 1) / shrink of what is left, so it is 1/shrink of the one before: few chunks (each costs
 // a gap in the copy engine's stream) and a small last chunk (the only hash not hidden behind the
 // copy). The hash of chunk k (~4 TB/s) stays hidden behind the copy of chunk k+1 (~0.4 TB/s over
 // NVLink) while shrink < ~10. No chunk is smaller than min_chunk.
 struct PipelineSchedule {
-  int64_t shrink = 6;                    // <= 1: one chunk (the destination hash after the copy)
-  int64_t min_chunk = int64_t(2) << 20;  // bytes, a multiple of 8
+  int64_t fused_max = int64_t(64) << 20;  // bytes; 0: never fused
+  int64_t shrink = 6;                     // <= 1: one chunk (the destination hash after the copy)
+  int64_t min_chunk = int64_t(2) << 20;   // bytes, a multiple of 8
 };
 
-// A benchmark/tuning knob, read once: PYXFER_PEER_CHUNKS="<shrink>,<min chunk MiB>", e.g. "2,8" for
-// halving chunks of at least 8 MiB (benchmarks/peer_overlap.py --schedules compares them).
+// Benchmark/tuning knobs, read once (benchmarks/peer_overlap.py --schedules compares them):
+// PYXFER_PEER_FUSED_MIB="<fused max MiB>" (0: always the copy engine) and
+// PYXFER_PEER_CHUNKS="<shrink>,<min chunk MiB>", e.g. "2,8" for halving chunks of at least 8 MiB.
 PipelineSchedule read_schedule() {
   PipelineSchedule s;
+  if (const char* fused = std::getenv("PYXFER_PEER_FUSED_MIB"); fused != nullptr && *fused != '\0') {
+    double mib = -1;
+    TORCH_CHECK(std::sscanf(fused, "%lf", &mib) == 1 && mib >= 0, "PYXFER_PEER_FUSED_MIB must be a size in MiB "
+                "such as '64' (0: never), got '", fused, "'");
+    s.fused_max = int64_t(mib * double(1 << 20));
+  }
   const char* text = std::getenv("PYXFER_PEER_CHUNKS");
   if (text == nullptr || *text == '\0') return s;
   long long shrink = 0;
@@ -84,21 +95,25 @@ bool is_capturing(const CUDAStream& s) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// One reusable event per device and thread: a wait captures the event's state when it is queued, so
-// the event can be recorded again right away (no create/destroy per ordering).
-cudaEvent_t ordering_event(c10::DeviceIndex device) {
-  thread_local std::vector<cudaEvent_t> events;
-  if (size_t(device) >= events.size()) events.resize(size_t(device) + 1, nullptr);
-  if (events[device] == nullptr) {
+// Reusable events per device and thread: a wait captures the event's state when it is queued, so an
+// event can be recorded again right away (no create/destroy per ordering). Slot 0 orders streams
+// (record / wait below); slots 1, 2, ... mark the chunks of one pipelined copy, all recorded before
+// the first wait on them.
+cudaEvent_t device_event(c10::DeviceIndex device, size_t slot) {
+  thread_local std::vector<std::vector<cudaEvent_t>> events;
+  if (size_t(device) >= events.size()) events.resize(size_t(device) + 1);
+  std::vector<cudaEvent_t>& mine = events[device];
+  if (slot >= mine.size()) mine.resize(slot + 1, nullptr);
+  if (mine[slot] == nullptr) {
     const c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&events[device], cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&mine[slot], cudaEventDisableTiming));
   }
-  return events[device];
+  return mine[slot];
 }
 
 // Records the device's ordering event on `s` and returns it (valid for waits until the next record).
 cudaEvent_t record(const CUDAStream& s) {
-  const cudaEvent_t event = ordering_event(s.device_index());
+  const cudaEvent_t event = device_event(s.device_index(), 0);
   const c10::cuda::CUDAGuard guard(s.device_index());
   C10_CUDA_CHECK(cudaEventRecord(event, s.stream()));
   return event;
@@ -389,19 +404,13 @@ class CudaPath final : public TransferPath {
     }
     const auto options = at::TensorOptions().dtype(dtype).device(dst_);
     if (!dst_.is_cuda()) return at::empty(sizes, options);
-    if (sa_capturing_) order(*sa_, *sb_);  // fork: Sb joins the capture
-    at::Tensor dst;
-    {
-      const c10::cuda::CUDAStreamGuard on(*sb_);  // allocations belong to Sb (in capture: the graph's pool)
-      dst = at::empty(sizes, options);
-      if (verify == Verify::kDeferred) {
-        // [0] source hash (copied here), [1] destination hash, [2] running sum of pipelined chunk hashes
-        hashes_ = at::empty({3}, options.dtype(at::kLong));
-        C10_CUDA_CHECK(cudaMemsetAsync(hashes_.data_ptr(), 0, hashes_.nbytes(), sb_->stream()));
-      }
-    }
-    if (peer_) order(*sb_, *sa_);  // Sa writes dst and hashes_ only after their allocation on Sb
-    return dst;
+    if (sa_capturing_) order(*sa_, *sb_);        // fork: Sb joins the capture
+    if (sb_capturing_ && sa_) order(*sb_, *sa_);  // fork: Sa joins the capture
+    // Allocations belong to Sb (in capture: the graph's pool); every write of them is ordered after
+    // Sb: the direct copy runs on Sb, staged legs and hashes on streams forked from it.
+    const c10::cuda::CUDAStreamGuard on(*sb_);
+    if (verify == Verify::kDeferred) hashes_ = at::empty({2}, options.dtype(at::kLong));  // [source, destination]
+    return at::empty(sizes, options);
   }
 
   void copy(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) override {
@@ -411,7 +420,7 @@ class CudaPath final : public TransferPath {
     const bool device_to_device = route != Route::kStaged && src_.is_cuda() && dst_.is_cuda();
     bool dst_hashed = false;
     if (device_to_device) {
-      dst_hashed = copy_device_to_device(dst, src, plan);  // queues the source hash after the first chunk
+      dst_hashed = copy_device_to_device(dst, src, plan);  // also queues the source hash
     } else {
       if (hash && src_.is_cuda()) hash_src(src, nullptr);  // beside the copy (a side stream) or before it
       if (route == Route::kStaged) copy_staged(dst, src, plan);
@@ -422,12 +431,15 @@ class CudaPath final : public TransferPath {
       if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());  // on Sb, after the data landed there
       else dst_value_ = cpu_hash(dst);                     // torch's copy into host memory has finished
     }
-    if (ha_) {
-      order(*ha_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
-      if (hash && dst_.is_cuda()) order(*ha_, *sb_);  // the source hash is there for the comparison
-    } else if (hash && src_.is_cuda() && dst_.is_cuda() && !sa_joined_sb_) {
-      order(*sa_, *sb_);  // the source hash (queued on Sa) is there for the comparison
+    if (hs_ && *hs_ != *sa_) order(*hs_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
+    if (hs_ && !on_host_) {  // deferred: the latch kernel on Sb compares a copy of the source hash
+      order(*hs_, *sb_);
+      const c10::cuda::CUDAGuard guard(dst_);
+      keep_alive_on(src_hash_, *sb_);
+      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), src_hash_.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                                     sb_->stream()));
     }
+    if (device_to_device && *sb_ != *sa_) order(*sb_, *sa_);  // later work on Sa (writes to src) after the copy read it
     if (verify_ == Verify::kNone) join();
   }
 
@@ -440,9 +452,10 @@ class CudaPath final : public TransferPath {
       join();
       return true;
     }
-    // NOTE: every write of the host words was joined into Sb (CUDA destination) or Sa (CPU destination).
+    // The source hash's stream first (it finished during the copy), then the one that wrote the
+    // destination hash: the host waits for both instead of one stream waiting on the other's device.
+    if (hs_ && !src_hash_in_sb_) host_wait(*hs_);  // a CUDA source's hash, unless Sb's work came after it
     if (dst_.is_cuda()) host_wait(*sb_);
-    else if (src_.is_cuda()) host_wait(*sa_);
     host_pending_ = false;
     const volatile HostHashes* h = host_;
     *src_value = src_.is_cuda() ? h->src : src_value_;
@@ -463,93 +476,102 @@ class CudaPath final : public TransferPath {
     else if (sb_capturing_) order(*sa_, *sb_);
   }
 
-  // Where the hash kernels write: the thread's mapped host words, else the destination GPU's hashes_
-  // (the source hash via a scratch word on its own device, then copied).
+  // Where the destination hash goes: the thread's mapped host words, else hashes_[1] on the destination GPU.
   uint64_t* dst_out() { return on_host_ ? &host_->dst : u64_of(hashes_) + 1; }
 
-  // PXH64 of the source on its device: on Sa before the copy, or (beside_) on a side stream Ha that
-  // forks from Sa at `fork` (an event recorded on Sa before the copy was queued; null: now).
+  // PXH64 of the source on its device, on Sa before the copy, or (beside_) on a side stream Ha that
+  // forks from Sa at `fork` (an event recorded on Sa before the copy was queued; null: now). Sets hs_.
   void hash_src(const at::Tensor& src, cudaEvent_t fork) {
-    CUDAStream s = *sa_;
+    hs_ = *sa_;
     if (beside_) {
-      s = c10::cuda::getStreamFromPool(false, src_.index());
-      if (fork != nullptr) wait(s, fork);
-      else order(*sa_, s);
-      keep_alive_on(src, s);
-      ha_ = s;
+      hs_ = c10::cuda::getStreamFromPool(false, src_.index());
+      if (fork != nullptr) wait(*hs_, fork);
+      else order(*sa_, *hs_);
+      keep_alive_on(src, *hs_);
     }
     if (on_host_) {
-      hash_on(s, src, &host_->src);
+      hash_on(*hs_, src, &host_->src);
       return;
     }
-    const c10::cuda::CUDAStreamGuard on(s);
-    const at::Tensor scratch = at::empty({}, src.options().dtype(at::kLong));  // reused in s's order
-    hash_on(s, src, u64_of(scratch));
-    if (dst_.is_cuda()) {  // next to the destination hash, for the latch kernel on Sb
-      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), scratch.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
-                                     s.stream()));
-    }
+    const c10::cuda::CUDAStreamGuard on(*hs_);
+    src_hash_ = at::empty({}, src.options().dtype(at::kLong));  // copied next to the destination hash by copy()
+    hash_on(*hs_, src, u64_of(src_hash_));
   }
 
-  // Direct GPU -> GPU (peer copy engine, or a device-local copy), in chunks on Sa. The source hash is
-  // queued on Sa first (small) or beside the copy after its first chunk (the copy starts sooner).
-  // For a large peer copy with hashing, each chunk is hashed on Hb (device B) as soon as it landed;
-  // returns whether it did (then the destination hash is done).
+  // Direct GPU -> GPU, on Sb in chunks: for a peer pair the destination's copy engine pulls the bytes,
+  // so the chunk hashes, the final hash and the host's wait all order against the destination device
+  // and the critical path crosses devices once (Sb waits for the source on Sa). The source hash is
+  // queued on Sa before the copy (small) or beside it on a side stream once the copy is queued.
+  // A large hashed peer copy is pipelined: every chunk is queued first, each but the last followed by
+  // an event (the copy engine never waits for the host queuing hashes); then Hb (device B) hashes
+  // chunk k once its event fired, while chunk k+1 moves, and Sb hashes the last chunk after them, its
+  // last block finalizing the whole destination hash. Returns whether the destination was hashed.
   bool copy_device_to_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan) {
     if (peer_) enable_peer_access(src_.index(), dst_.index());
-    const bool hash = verify_ != Verify::kNone;
-    const bool pipelined = hash && peer_ && plan.num_bytes >= kOverlapBytes;
-    cudaEvent_t fork = nullptr;
-    if (beside_) fork = record(*sa_);  // NOTE: no other record of Sa's device event before hash_src waits on it
-    else if (hash) hash_src(src, nullptr);
-    c10::optional<CUDAStream> hb;
-    at::Tensor sum;  // the running sum of chunk hashes (sync; deferred uses hashes_[2])
-    const c10::cuda::CUDAGuard guard(src_);
-    const cudaStream_t sa = sa_->stream();
     uint8_t* d = bytes_of(dst);
     const uint8_t* s = bytes_of(src);
     const int64_t n = plan.num_bytes;
+    const bool hash = verify_ != Verify::kNone;
+    const bool fused = hash && peer_ && n <= pipeline_schedule().fused_max &&
+                       reinterpret_cast<uintptr_t>(d) % 16 == 0 && reinterpret_cast<uintptr_t>(s) % 16 == 0;
+    const bool pipelined = hash && peer_ && !fused && n >= kOverlapBytes;
+    if (hash && !beside_) hash_src(src, nullptr);
+    // NOTE: Sa's device event is not recorded again before hash_src waits on it
+    const cudaEvent_t source_ready = record(*sa_);
+    if (*sb_ != *sa_) wait(*sb_, source_ready);
+    src_hash_in_sb_ = hash && !beside_;
+    const c10::cuda::CUDAGuard guard(dst_);
+    const cudaStream_t sb = sb_->stream();
+    at::Tensor acc;  // [0] the running sum of the destination's hash terms, [1] finished blocks of its last kernel
+    if (fused || pipelined) {
+      const c10::cuda::CUDAStreamGuard on(*sb_);
+      acc = at::empty({2}, dst.options().dtype(at::kLong));
+    }
+    if (fused) {
+      C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), sb));
+      const CopyFault fault{uint64_t(plan.src_offset), uint64_t(plan.dst_offset), uint64_t(plan.length),
+                            plan.zero_fill, plan.flip_byte, plan.flip_mask};
+      C10_CUDA_CHECK(launch_copy_pxh64(d, s, uint64_t(n), fault, u64_of(acc), reinterpret_cast<uint32_t*>(u64_of(acc) + 1),
+                                       dst_out(), sb));
+      if (beside_) hash_src(src, source_ready);
+      return true;
+    }
+    std::vector<std::pair<int64_t, int64_t>> landed;  // [begin, end) of the chunks before the last
+    int64_t last_begin = 0;
     const auto next_end = [&](int64_t begin) { return pipelined ? next_pipeline_end(begin, n) : n; };
-    bool first = true;
     for_each_range(plan, next_end, [&](const PlanChunk& c) {
-      if (c.zero_fill) C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), sa));
+      if (c.zero_fill) C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), sb));
       if (c.copy_length > 0) {  // UVA + peer access: the copy engine moves it directly (capturable)
         C10_CUDA_CHECK(cudaMemcpyAsync(d + c.copy_dst, s + c.copy_src, size_t(c.copy_length),
-                                       cudaMemcpyDeviceToDevice, sa));
+                                       cudaMemcpyDeviceToDevice, sb));
       }
-      if (c.flip_byte >= 0) C10_CUDA_CHECK(launch_xor_byte(d + c.flip_byte, plan.flip_mask, sa));
-      if (first) {  // the first chunk is queued: now the work beside it
-        first = false;
-        if (fork != nullptr) hash_src(src, fork);
-        if (pipelined) {
-          hb = c10::cuda::getStreamFromPool(false, dst_.index());
-          order(*sb_, *hb);  // after dst and hashes_ were made on Sb
-          if (on_host_) {
-            const c10::cuda::CUDAStreamGuard on_b(*hb);
-            sum = at::empty({1}, dst.options().dtype(at::kLong));
-            C10_CUDA_CHECK(cudaMemsetAsync(sum.data_ptr(), 0, sum.nbytes(), hb->stream()));
-          }
-        }
+      if (c.flip_byte >= 0) C10_CUDA_CHECK(launch_xor_byte(d + c.flip_byte, plan.flip_mask, sb));
+      if (pipelined && c.end < n) {
+        C10_CUDA_CHECK(cudaEventRecord(device_event(dst_.index(), landed.size() + 1), sb));
+        landed.emplace_back(c.begin, c.end);
       }
-      if (pipelined) {
-        wait(*hb, record(*sa_));
-        const c10::cuda::CUDAGuard on_b(dst_);
-        C10_CUDA_CHECK(launch_pxh64(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin / 8), 0,
-                                    on_host_ ? u64_of(sum) : u64_of(hashes_) + 2, nullptr, nullptr, 0,
-                                    hb->stream()));
-      }
+      last_begin = c.begin;
     });
-    if (first && fork != nullptr) hash_src(src, fork);  // no chunk at all
-    order(*sa_, *sb_);  // the copy landed, for Sb
-    sa_joined_sb_ = true;
-    if (!pipelined) return false;
-    {
-      const c10::cuda::CUDAGuard on_b(dst_);
-      C10_CUDA_CHECK(launch_pxh64_combine(on_host_ ? u64_of(sum) : u64_of(hashes_) + 2, 1, uint64_t(n), 0,
-                                          dst_out(), hb->stream()));
+    if (pipelined) {
+      uint64_t* sum = u64_of(acc);
+      if (landed.empty()) {  // one chunk
+        C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), sb));
+      } else {
+        const CUDAStream hb = c10::cuda::getStreamFromPool(false, dst_.index());
+        for (size_t k = 0; k < landed.size(); ++k) {
+          C10_CUDA_CHECK(cudaStreamWaitEvent(hb.stream(), device_event(dst_.index(), k + 1), 0));
+          if (k == 0) C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), hb.stream()));
+          const auto [begin, end] = landed[k];
+          C10_CUDA_CHECK(launch_pxh64(d + begin, uint64_t(end - begin), uint64_t(begin / 8), 0, sum, nullptr, nullptr,
+                                      0, hb.stream()));
+        }
+        wait(*sb_, record(hb));  // NOTE: also keeps dst and acc alive for Hb's reads (later Sb work comes after)
+      }
+      C10_CUDA_CHECK(launch_pxh64(d + last_begin, uint64_t(n - last_begin), uint64_t(last_begin / 8), 0, sum,
+                                  reinterpret_cast<uint32_t*>(sum + 1), dst_out(), uint64_t(n), sb));
     }
-    order(*hb, *sb_);  // NOTE: also keeps dst and sum alive for Hb's reads (later Sb work comes after)
-    return true;
+    if (beside_) hash_src(src, source_ready);  // after the destination's work: the copy needs that first
+    return pipelined;
   }
 
   // Direct host <-> device: torch's copy (cudaMemcpyAsync on the device's current stream; it keeps
@@ -653,11 +675,13 @@ class CudaPath final : public TransferPath {
 
   at::Device src_, dst_;
   bool peer_ = false, sa_capturing_ = false, sb_capturing_ = false;
-  c10::optional<CUDAStream> sa_, sb_, ha_;  // ha_: the source hash's side stream, if any
+  c10::optional<CUDAStream> sa_, sb_, hs_;  // hs_: the stream that hashed the source (Sa or a side stream)
   Verify verify_ = Verify::kNone;
-  bool on_host_ = false, host_pending_ = false, beside_ = false, sa_joined_sb_ = false;
+  bool on_host_ = false, host_pending_ = false, beside_ = false;
+  bool src_hash_in_sb_ = false;  // the source hash was queued on Sa before Sb waited for Sa
   HostHashes* host_ = nullptr;  // sync results (on_host_)
-  at::Tensor hashes_;           // deferred results on the destination GPU: [src hash, dst hash, chunk sum]
+  at::Tensor hashes_;           // deferred results on the destination GPU: [src hash (a copy), dst hash]
+  at::Tensor src_hash_;         // deferred: the source hash on the source GPU
   uint64_t src_value_ = 0, dst_value_ = 0;  // hashes of CPU ends
   int64_t num_bytes_ = 0;
 };

@@ -1,9 +1,11 @@
 // PXH64 on the GPU: one streaming read of the data, a per-thread 64-bit sum, warp shuffles, one
 // atomic add per block. Bit-identical to the CPU reference whatever the grid (the sum is modular).
+// Also the copy that hashes its destination as it goes (verified peer copies up to a size).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <atomic>
+#include <cstring>
 
 #include "pyxfer/launch.h"
 #include "pyxfer/pxh64.h"
@@ -50,6 +52,29 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
   return v;
 }
 
+// Adds the block's terms (`sum` of each of its kThreads threads) to *acc; with `out_hash`, the last
+// block to finish writes finalize(*acc, hash_bytes, seed) there. Every thread of the block calls it.
+__device__ __forceinline__ void add_block_sum(uint64_t sum, unsigned long long* acc, unsigned int* blocks_done,
+                                              uint64_t* out_hash, uint64_t hash_bytes, uint64_t seed) {
+  __shared__ uint64_t warp_sums[kThreads / 32];
+  sum = warp_sum(sum);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  sum = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0;
+  sum = warp_sum(sum);
+  if (threadIdx.x != 0) return;
+  atomicAdd(acc, static_cast<unsigned long long>(sum));
+  if (out_hash == nullptr) return;
+  // NOTE: last-block finalization: the fence orders this block's add before its ticket, so the
+  // block that draws the last ticket sees every block's contribution.
+  __threadfence();
+  if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
+    const uint64_t total = atomicAdd(acc, 0ull);
+    *out_hash = pxh64::finalize(total, hash_bytes, seed);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     pxh64_kernel(Plan plan, unsigned long long* acc, unsigned int* blocks_done, uint64_t* out_hash,
                  uint64_t hash_bytes) {
@@ -87,23 +112,7 @@ __global__ void __launch_bounds__(kThreads)
   for (uint64_t r = plan.tail_begin + tid; r < plan.num_words; r += num_threads)
     sum += pxh64::term(load_word(plan.data, plan.num_bytes, r), pxh64::key(plan.seed, plan.word_offset + r));
 
-  __shared__ uint64_t warp_sums[kThreads / 32];
-  sum = warp_sum(sum);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  sum = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0;
-  sum = warp_sum(sum);
-  if (threadIdx.x != 0) return;
-  atomicAdd(acc, static_cast<unsigned long long>(sum));
-  if (out_hash == nullptr) return;
-  // NOTE: last-block finalization: the fence orders this block's add before its ticket, so the
-  // block that draws the last ticket sees every block's contribution.
-  __threadfence();
-  if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
-    const uint64_t total = atomicAdd(acc, 0ull);
-    *out_hash = pxh64::finalize(total, hash_bytes, plan.seed);
-  }
+  add_block_sum(sum, acc, blocks_done, out_hash, hash_bytes, plan.seed);
 }
 
 __global__ void pxh64_combine_kernel(const uint64_t* partials, int64_t num_partials,
@@ -112,25 +121,6 @@ __global__ void pxh64_combine_kernel(const uint64_t* partials, int64_t num_parti
   for (int64_t i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partials[i];
   sum = warp_sum(sum);
   if (threadIdx.x == 0) *out_hash = pxh64::finalize(sum, num_bytes, seed);
-}
-
-// A grid of exactly the blocks that fit on the device at once (no ragged last wave).
-// Cached per device ordinal; the launch runs on the current device (the binding's guard).
-uint64_t max_resident_blocks() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
-  int blocks = cache[device].load(std::memory_order_relaxed);
-  if (blocks == 0) {
-    int sms = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pxh64_kernel, kThreads, 0) != cudaSuccess)
-      return 1;  // the caller's cudaGetLastError() reports the failure
-    blocks = sms * (per_sm > 0 ? per_sm : 1);
-    cache[device].store(blocks, std::memory_order_relaxed);
-  }
-  return uint64_t(blocks);
 }
 
 constexpr int kSmallThreads = 512;
@@ -156,7 +146,121 @@ __global__ void __launch_bounds__(kSmallThreads)
   *out = pxh64::finalize(sum, num_bytes, seed);
 }
 
+// The destination byte at `pos` of a copy that follows `fault` (pyxfer.testing's plan): zeros, a
+// source byte, or the old destination byte where nothing is copied; then the optional bit flip.
+__device__ __forceinline__ uint8_t planned_byte(const uint8_t* src, uint8_t old, uint64_t pos, const CopyFault& fault) {
+  uint8_t b = old;
+  if (fault.zero_fill) b = 0;
+  else if (pos >= fault.dst_offset && pos < fault.dst_offset + fault.length) b = src[pos - fault.dst_offset + fault.src_offset];
+  return pos == fault.flip_byte ? uint8_t(b ^ fault.flip_mask) : b;
+}
+
+__device__ __forceinline__ void flip_in_vector(uint4& v, unsigned byte, uint8_t mask) {
+  const uint32_t bits = uint32_t(mask) << (8 * (byte & 3));
+  switch (byte >> 2) {  // NOTE: no dynamic register index (it would put the vector in local memory)
+    case 0: v.x ^= bits; break;
+    case 1: v.y ^= bits; break;
+    case 2: v.z ^= bits; break;
+    default: v.w ^= bits; break;
+  }
+}
+
+// Copies src[0, n) to dst in 16-byte vectors (src may be a peer GPU's memory, read over NVLink) and
+// hashes each vector as read back from dst after the thread's own store (ld.global.cg: from the
+// destination's L2, where the copy landed). Same terms as pxh64_kernel. The loads of a thread's next
+// kUnroll vectors are issued before it reads back the current ones, so the link always has requests
+// in flight. `fault` is the identity except under pyxfer.testing: shifted or partial copies take a
+// byte-wise path.
+__global__ void __launch_bounds__(kThreads)
+    copy_pxh64_kernel(uint8_t* __restrict__ dst, const uint8_t* __restrict__ src, uint64_t n, CopyFault fault,
+                      unsigned long long* acc, unsigned int* blocks_done, uint64_t* out_hash) {
+  const uint64_t num_threads = uint64_t(gridDim.x) * kThreads;
+  const uint64_t tid = uint64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const uint64_t num_vectors = n / 16;
+  const uint64_t step = kUnroll * num_threads;
+  const bool bytewise = !fault.zero_fill && !(fault.src_offset == 0 && fault.dst_offset == 0 && fault.length == n);
+  uint4* d4 = reinterpret_cast<uint4*>(dst);
+  const uint4* s4 = reinterpret_cast<const uint4*>(src);
+  const auto load = [&](uint64_t v) {  // what vector v of dst must become
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (bytewise) {
+      uint8_t bytes[16];
+      const uint4 old = d4[v];
+      memcpy(bytes, &old, 16);
+      for (int b = 0; b < 16; ++b) bytes[b] = planned_byte(src, bytes[b], v * 16 + b, fault);
+      memcpy(&x, bytes, 16);
+      return x;
+    }
+    if (!fault.zero_fill) x = s4[v];
+    if (fault.flip_byte >= 0 && uint64_t(fault.flip_byte) / 16 == v) flip_in_vector(x, unsigned(fault.flip_byte % 16), fault.flip_mask);
+    return x;
+  };
+  uint64_t sum = 0;
+  uint4 cur[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (tid + u * num_threads < num_vectors) cur[u] = load(tid + u * num_threads);
+  for (uint64_t v = tid; v < num_vectors; v += step) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * num_threads < num_vectors) d4[v + u * num_threads] = cur[u];
+    uint4 next[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + step + u * num_threads < num_vectors) next[u] = load(v + step + u * num_threads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint64_t vu = v + u * num_threads;
+      if (vu >= num_vectors) continue;
+      const uint4 back = __ldcg(d4 + vu);
+      sum += pxh64::term((uint64_t(back.y) << 32) | back.x, pxh64::key(0, 2 * vu)) +
+             pxh64::term((uint64_t(back.w) << 32) | back.z, pxh64::key(0, 2 * vu + 1));
+      cur[u] = next[u];
+    }
+  }
+  if (tid == 0 && n % 16 != 0) {  // the last 1..15 bytes, then their (at most two) words
+    for (uint64_t pos = num_vectors * 16; pos < n; ++pos) dst[pos] = planned_byte(src, dst[pos], pos, fault);
+    for (uint64_t r = 2 * num_vectors; r * 8 < n; ++r)
+      sum += pxh64::term(pxh64::load_partial_word(dst + r * 8, n - r * 8), pxh64::key(0, r));
+  }
+  add_block_sum(sum, acc, blocks_done, out_hash, n, 0);
+}
+
+// A grid of exactly the blocks of Kernel (kThreads each) that fit on the device at once (no ragged
+// last wave). Cached per kernel and device ordinal; the launch runs on the current device (the
+// binding's guard).
+template <auto Kernel>
+uint64_t max_resident_blocks() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
+  int blocks = cache[device].load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0) != cudaSuccess)
+      return 1;  // the caller's cudaGetLastError() reports the failure
+    blocks = sms * (per_sm > 0 ? per_sm : 1);
+    cache[device].store(blocks, std::memory_order_relaxed);
+  }
+  return uint64_t(blocks);
+}
+
 }  // namespace
+
+cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
+                              uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    return cudaErrorInvalidValue;
+  uint64_t blocks = (num_bytes / 16 / kUnroll + kThreads - 1) / kThreads;
+  if (blocks < 1) blocks = 1;
+  const uint64_t max_blocks = max_resident_blocks<copy_pxh64_kernel>();
+  if (blocks > max_blocks) blocks = max_blocks;
+  copy_pxh64_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
+      dst, src, num_bytes, fault, reinterpret_cast<unsigned long long*>(acc), blocks_done, out_hash);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed,
                          uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash,
@@ -172,7 +276,7 @@ cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_off
   const uint64_t work = plan.num_vectors / kUnroll + (plan.num_words - plan.tail_begin);
   uint64_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  const uint64_t max_blocks = max_resident_blocks();
+  const uint64_t max_blocks = max_resident_blocks<pxh64_kernel>();
   if (blocks > max_blocks) blocks = max_blocks;
   pxh64_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
       plan, reinterpret_cast<unsigned long long*>(acc), blocks_done, out_hash, hash_bytes);

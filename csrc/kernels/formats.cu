@@ -132,6 +132,17 @@ __device__ __forceinline__ float shfl_max(float v, int offset) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
 }
 
+// The amax of r[] as the fmaxf chain from +0 computes it, chained from |r[0]| instead (a last fmaxf
+// with +0 maps an all-NaN row to 0): MXFP8's row chain then shares no subexpression with its column
+// amax, whose first step the compiler would otherwise compute before the barrier and spill across it.
+template <int V>
+__device__ __forceinline__ float row_abs_max(const float (&r)[V]) {
+  float a = fmt::abs_f(r[0]);
+#pragma unroll
+  for (int j = 1; j < V; ++j) a = fmaxf(a, fmt::abs_f(r[j]));
+  return fmaxf(a, 0.0f);
+}
+
 // fmt::encode_e2m1 of c (|c| <= 6, the caller clamps) as the fp32 bits 0x4B000000 + magnitude code,
 // bit-identical for all inputs (checked exhaustively on the host, with the clamp and the packing
 // below, against fmt::encode_e2m1 for all 2^32 floats). On [0, 6] the code is RNE of the lowest of
@@ -238,18 +249,20 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, int64_t offset, const 
 }
 
 // CTAs per SM the register budget is sized for: 3 (<= 80 registers) where that fits without spills
-// on SM 80 / 90 (bf16 inputs of FP8 block and NVFP4), else 2 (SM 100 / 120 would spill at 80).
-template <QFmt F, typename In>
+// on SM 80 / 90 (bf16 inputs; for MXFP8 only with 16-byte loads, its element-wise path needs more),
+// else 2 (SM 100 / 120 would spill at 80).
+template <QFmt F, typename In, bool kVecOk>
 constexpr int quantize_min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
-  return (std::is_same<In, Bf16>::value && F != QFmt::kMxfp8) ? 3 : 2;
+  return (std::is_same<In, Bf16>::value && (F != QFmt::kMxfp8 || kVecOk)) ? 3 : 2;
 #else
   return 2;
 #endif
 }
 
 template <QFmt F, typename In, bool kVecOk>
-__global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quantize_tile_kernel(const QuantParams p) {
+__global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>())
+    quantize_tile_kernel(const QuantParams p) {
   constexpr int V = In::kVec;
   constexpr int kLanesPerRow = kTile / V;  // 32 or 16
   constexpr int kGroupsPerWarp = 32 / kLanesPerRow;
@@ -474,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In>()) quanti
       if (!rowwise) continue;
       float a = 0.0f;
       if (F == QFmt::kMxfp8) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
+        a = row_abs_max(v[i]);
 #pragma unroll
         for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
       }

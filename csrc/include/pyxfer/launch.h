@@ -11,8 +11,9 @@ namespace pyxfer {
 // Adds the PXH64 partial sum of data[0, num_bytes) into *acc (atomically, mod 2^64). Word j of the
 // range is keyed as absolute word `word_offset + j`. `data` may have any alignment.
 // If `out_hash` is not null, the last block to finish also writes
-// finalize(*acc, hash_bytes, seed) to *out_hash; then *acc and *blocks_done must start at zero and
-// belong to this launch alone.
+// finalize(*acc, hash_bytes, seed) to *out_hash; then *blocks_done must start at zero and no other
+// launch may add to *acc meanwhile (*acc may already hold the partial sums of the earlier ranges of
+// the same hash: a pipelined copy finalizes its whole destination hash with its last chunk).
 // Runs on the current device, which must be the one holding `data`.
 cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed,
                          uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash,
@@ -22,6 +23,25 @@ cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_off
 cudaError_t launch_pxh64_combine(const uint64_t* partials, int64_t num_partials,
                                  uint64_t num_bytes, uint64_t seed, uint64_t* out_hash,
                                  cudaStream_t stream);
+
+// What a copy writes under fault injection (pyxfer.testing; the identity is {0, 0, num_bytes, false,
+// -1, 0}): copy src[src_offset, +length) to dst[dst_offset, ...), or zeros everywhere; bytes outside
+// keep their old value; then XOR byte flip_byte (if >= 0) with flip_mask.
+struct CopyFault {
+  uint64_t src_offset, dst_offset, length;
+  bool zero_fill;
+  int64_t flip_byte;
+  uint8_t flip_mask;
+};
+
+// Copies num_bytes from src to dst (both 16-byte aligned, else cudaErrorInvalidValue; src may be on
+// a peer GPU with access enabled) as `fault` says, and adds the PXH64 (seed 0) terms of the
+// destination, read back after it landed, to *acc; the last block writes finalize(*acc, num_bytes, 0)
+// to *out_hash. *acc and *blocks_done must start at zero. Runs on the current device, which must be
+// the one holding dst: one kernel does the copy and the destination hash (no copy-engine step, no
+// dependency between two operations in the tail).
+cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
+                              uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash, cudaStream_t stream);
 
 // Largest input of launch_pxh64_small: one block reads it in about a microsecond.
 constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
