@@ -15,9 +15,9 @@ Cases (speed-up = time of the bf16 baseline of the same shard shape / time of th
   of the bf16 shard into a preallocated output (the baseline);
   torch uint8: the same for an MxK uint8 shard, the FP8-sized payload without scales (context);
   torch 384 B all-gather + host read: a host-built 48 x int64 record moved to the device, gathered and
-  read back, as pyxfer.all_gather's metadata exchange does before the data gather of a call whose
-  signature differs from the group's previous call (context: that exchange's floor; a repeated
-  signature posts its data without waiting for the records);
+  read back, as pyxfer.all_gather's metadata exchange does before the data gather of a waiting call
+  (context: that exchange's floor; the timed calls repeat their signature, so after the warm-up they
+  run in fused mode: data and record in one collective);
 - pyxfer bf16: pyxfer.all_gather(x), the wrapper's overhead (its metadata exchange included);
 - quantized FMT USAGE: pyxfer.all_gather(q) of a QuantizedTensor made beforehand (NVFP4 quantized with
   the group's all-reduced amax, so the shards can share one global scale), usages rowwise and

@@ -1,10 +1,11 @@
 """Where the time of one pyxfer.all_gather call goes (2 ranks, NCCL, one GPU each): for torch's
 all-gather and pyxfer's (plain bf16, MXFP8 rowwise, MXFP8 + verify) of an 8192x8192 shard, the
 device time of one call (CUDA events around it, after a barrier and a device sync, median of 30)
-and its host time, split into pyxfer's steps (input preparation, metadata records, data launch,
-wait + post-processing; microseconds per call, wall clock); then the same pyxfer calls with the
-group's agreed signature forgotten before each one (every call waits for its records: the path a
-call with a new signature takes). A diagnostic, not a target: benchmarks/gather.py measures those.
+and its host time, split into pyxfer's steps (input preparation, metadata records (in fused mode,
+after the warm-up, the one collective with the data: the data launch is counted in both), data
+launch, wait + post-processing; microseconds per call, wall clock); then the same pyxfer calls with
+the group's agreed state forgotten before each one (every call waits for its records: the path of a
+group's first calls with a signature). A diagnostic, not a target: benchmarks/gather.py measures those.
 
     python benchmarks/gather_overhead.py [--rows 8192 --cols 8192] [--reps 30]
 """

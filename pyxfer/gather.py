@@ -3,19 +3,20 @@ QuantizedTensors, with a correct dequantize-then-gather fallback and optional PX
 
 Protocol of one call (every rank runs the same steps, so every rank takes the same path):
 
-1. Metadata: one small all-gather of a fixed-size int64 record per rank (kind, format, dtypes,
-   options, usages, shape, NVFP4 amax bits, and with ``verify`` the PXH64 of every buffer the rank
-   will send). The record goes to the data's device (NCCL needs device memory), is gathered and
-   read back once by the host. Disagreements raise the same ValueError on every rank.
-   - A call whose signature (the fields every rank must agree on) differs from the group's last
-     agreed call waits for the records before it sends any data (on CUDA on a side stream that
-     waits for the caller's stream only when the record holds values computed there).
-   - A call that repeats the group's last agreed signature (the fast path) posts its data gather
-     right after its record and checks the records after the data arrived, so the host never waits
-     before the data moves (async calls return at once). Its record says so and lists the buffers
-     it posted: a rank that disagrees waited for the records, sees that, posts the same gather into
-     scratch buffers and raises; the fast ranks raise the same error from ``wait()``; every rank's
-     collectives stay in step.
+1. Metadata: a fixed-size int64 record per rank (kind, format, dtypes, options, usages, shape,
+   NVFP4 amax bits, and with ``verify`` the PXH64 of every buffer the rank will send), all-gathered
+   on the data's device (NCCL needs device memory) and read back once by the host. Disagreements
+   raise the same ValueError on every rank.
+   - Waiting calls: the records are gathered alone and read before any data is sent (on CUDA on a
+     side stream that waits for the caller's stream only when the record holds values computed
+     there, so the host's wait does not include unrelated queued work).
+   - Fused mode: once a group's last two waiting calls agreed on the same signature (the fields
+     every rank must agree on), every call of the group posts one collective, its data buffers and
+     its record, and checks the records after the data arrived: the host never waits before the data
+     moves and async calls return at once. A rank whose call has another signature posts scratch
+     buffers of the agreed layout instead and reads the records at once; if every rank did so the
+     call goes on as a waiting call, else every rank raises the same error (the ranks that posted
+     data from ``wait()``). The mode changes only in waiting calls, so it is the same on every rank.
 2. Path: fixed by the signature: quantized when every shard is quantizable (TE's ``is_quantizable``),
    else fallback (dequantize to the nominal dtype, ``.contiguous()``, gather, requantize only if the
    gathered shape is quantizable). NVFP4 shards quantized with different global amax (known from the
@@ -89,10 +90,9 @@ _BLOCK = {"fp8_block_1x128": 128, "fp8_block_128x128": 128, "mxfp8": 32, "nvfp4"
 
 KIND_PLAIN, KIND_QUANTIZED, KIND_TO_QUANTIZE = 0, 1, 2  # tensor; QuantizedTensor; tensor + quantize_as
 _KIND_NAMES = {0: "plain tensor", 1: "QuantizedTensor", 2: "tensor with quantize_as"}
-_MAGIC = 0x70786761_74680002  # "pxgath", protocol version 2
+_MAGIC = 0x70786761_74680003  # "pxgath", protocol version 3
 _MAX_DIMS = 8
 _MAX_HASHES = 4
-_MAX_PARTS = _MAX_HASHES + 1  # the data parts, and the hashes when they travel with the data
 # Record layout (int64 slots). Slots [0, _AGREE_LEN) must be equal on every rank: the common case
 # is checked with one comparison per rank.
 (_F_MAGIC, _F_ERROR, _F_KIND, _F_FMT, _F_DTYPE, _F_FP8, _F_ROW, _F_COL, _F_SWIZZLED, _F_POW2, _F_EPS,
@@ -101,13 +101,8 @@ _F_SHAPE = 15
 _AGREE_LEN = _F_SHAPE + _MAX_DIMS
 _F_RANK, _F_AMAX_ROW, _F_AMAX_COL, _F_NHASH = range(_AGREE_LEN, _AGREE_LEN + 4)
 _F_HASH = _F_NHASH + 1
-# Set by a rank that posted its data gather without waiting for the records (the fast path), with
-# the (dtype code, elements) of every part it posted, so that a disagreeing rank can match them.
-_F_FAST = _F_HASH + _MAX_HASHES
-_F_NPARTS = _F_FAST + 1
-_F_LAYOUT = _F_NPARTS + 1
-_META_LEN = 48
-assert _F_LAYOUT + 2 * _MAX_PARTS <= _META_LEN
+_META_LEN = 48  # room to grow without changing the record's size
+assert _F_HASH + _MAX_HASHES <= _META_LEN
 # Fields every rank must agree on, in the order they are compared, with their names in errors.
 _AGREE = [(_F_KIND, "input kind"), (_F_FMT, "format"), (_F_DTYPE, "dtype"), (_F_FP8, "fp8_dtype"),
           (_F_ROW, "rowwise usage"), (_F_COL, "columnwise usage"), (_F_SWIZZLED, "gemm_swizzled_scales"),
@@ -483,7 +478,8 @@ class _Local:
             raise ValueError(f"{_OP}: x ({q.fmt}) has neither rowwise nor columnwise data")
         if desc.swizzled:
             q = q.with_compact_scales()  # gather compact (rank concatenation of swizzled scales is wrong, spec §5)
-        self.kind, self.desc, self.dtype, self.shape = KIND_QUANTIZED, dataclasses.replace(desc, swizzled=False), \
+        self.kind, self.desc, self.dtype, self.shape = KIND_QUANTIZED, \
+            dataclasses.replace(desc, swizzled=False) if desc.swizzled else desc, \
             q.dtype, tuple(q.shape)
         if desc.fmt == "nvfp4":
             row = q.amax_rowwise if desc.rowwise else None
@@ -572,17 +568,43 @@ def _device_values(local: _Local, meta):
         meta[_F_HASH:_F_HASH + len(local.parts)].copy_(local.hashes)
 
 
-class _Records:
-    """One call's metadata: this rank's record all-gathered from every rank (own buffers per call, so
-    that calls in flight at once never share one); the host reads the records once (``read``). CUDA,
-    waiting for the records: on a side stream that waits for the caller's stream only when the
-    record holds values computed there (amax, hashes), so the host's wait does not include unrelated
-    queued work. CUDA, fast path: on the caller's stream (its data gather waits for that stream
-    anyway), from the group's cached device copy of the record. CPU (gloo): the gather is waited for
-    at once, so that gloo never has two of pyxfer's collectives in flight."""
+class _RecordBuffers:
+    """The buffers of one record exchange on a CUDA device, reused across calls (allocating pinned
+    memory, device memory and an event per call cost more host time than the exchange itself): this
+    rank's record (pinned host and device copies), the gathered records (device, and the pinned copy
+    the host reads), the event after that copy, and ``read_done``, recorded when the set is given back
+    on the stream where ``max_amax`` read the records on the device (if it did)."""
 
-    def __init__(self, local: _Local, meta, group, world, device, agreed):
-        self.world, self._metas = world, None
+    def __init__(self, device, world):
+        self.host_send = torch.empty(_META_LEN, dtype=torch.int64, pin_memory=True)
+        self.send_np = self.host_send.numpy()
+        self.host = torch.empty(world * _META_LEN, dtype=torch.int64, pin_memory=True)
+        self.dev_send = torch.empty(_META_LEN, dtype=torch.int64, device=device)
+        self.dev = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
+        self.event, self.read_done = torch.cuda.Event(), torch.cuda.Event()
+        self.read_pending = False
+        self.key = (device, world)
+
+
+_free_record_buffers = {}  # (device, world) -> sets no call holds (list pop / append are atomic)
+
+
+class _Records:
+    """One call's metadata: every rank's record, gathered; the host reads them once (``read``). A call
+    holds a buffer set of its own until ``release()``, so that calls in flight never share one.
+
+    Alone (``data_parts`` None, the waiting protocol): CUDA, on a side stream that waits for the
+    caller's stream only when the record holds values computed there (amax, hashes), so the host's
+    wait does not include unrelated queued work; CPU (gloo), waited for at once, so that gloo never
+    has two of pyxfer's collectives in flight. Fused: the record is the last part of the collective
+    that carries ``data_parts`` (``works``), posted from the caller's stream; on CUDA a side stream
+    waits for it and copies the records to the host, so ``read`` waits for nothing else. A call that
+    repeats the group's record uses the group's cached device copy of it (no host-to-device copy)."""
+
+    def __init__(self, local: _Local, meta, group, world, device, agreed, data_parts=None, cached=False):
+        self.world, self._metas, self._bufs, self._device_reader, self._work = world, None, None, None, None
+        self.works = []
+        fused = data_parts is not None
         device_values = local.error is None and (
             local.amax_dev is not None or (local.verify and local.parts is not None))
         if device.type != "cuda":
@@ -591,37 +613,64 @@ class _Records:
                 _device_values(local, send)
             self.dev = self.host = torch.empty(world * _META_LEN, dtype=torch.int64)
             self.event = None
-            _allgather([self.dev], [send], group).wait()
-            return
-        fast = bool(meta[_F_FAST])
-        stream = torch.cuda.current_stream(device) if fast else _side_stream(device)
-        if device_values and not fast:
-            stream.wait_stream(torch.cuda.current_stream(device))
-        self.host = torch.empty(world * _META_LEN, dtype=torch.int64, pin_memory=True)
-        with contextlib.nullcontext() if fast else torch.cuda.stream(stream):
-            if fast:
-                send = agreed.device_record(meta, device)
+            works = _launch(list(data_parts or ()) + [_Part("record", send, self.dev, None)], group, world)
+            if fused:
+                self.works, self._work = works, works[0]
             else:
-                host_send = torch.empty(_META_LEN, dtype=torch.int64, pin_memory=True)
-                host_send.numpy()[:] = meta
-                send = host_send.to(device, non_blocking=True)
+                works[0].wait()
+            return
+        free = _free_record_buffers.setdefault((device, world), [])
+        self._bufs = bufs = free.pop() if free else _RecordBuffers(device, world)
+        self.host, self.dev, self.event = bufs.host, bufs.dev, bufs.event
+        side = _side_stream(device)
+        if bufs.read_pending:  # the previous holder's device reads (max_amax)
+            (torch.cuda.current_stream(device) if fused else side).wait_event(bufs.read_done)
+            bufs.read_pending = False
+        if fused:  # from the caller's stream, with no stream switch before the launch (host time delays the data)
+            send = agreed.device_record(meta, device) if cached else self._send_from_host(bufs, meta)
             if device_values:
-                send = send.clone() if fast else send
+                send = send.clone() if cached else send
                 _device_values(local, send)
-            self.dev = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
-            _allgather([self.dev], [send], group).wait()
+            self.works = _launch(data_parts + [_Part("record", send, self.dev, None)], group, world)
+        with torch.cuda.stream(side):
+            if not fused:
+                if device_values:
+                    side.wait_stream(torch.cuda.current_stream(device))
+                send = self._send_from_host(bufs, meta)
+                if device_values:
+                    _device_values(local, send)
+                works = _launch([_Part("record", send, self.dev, None)], group, world)
+            for work in self.works if fused else works:
+                work.wait()  # makes the side stream (current here) wait for the collective
             self.host.copy_(self.dev, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record(stream)
+            self.event.record(side)
+
+    @staticmethod
+    def _send_from_host(bufs, meta) -> torch.Tensor:
+        bufs.send_np[:] = meta  # the previous holder's copy out of it finished before its read()
+        return bufs.dev_send.copy_(bufs.host_send, non_blocking=True)
 
     def read(self) -> list:
         """The W records as lists of ints (waits for them the first time)."""
         if self._metas is None:
-            if self.event is not None:
+            if self._work is not None:
+                self._work.wait()
+            elif self.event is not None:
                 self.event.synchronize()
             flat = self.host.tolist()
             self._metas = [flat[r * _META_LEN:(r + 1) * _META_LEN] for r in range(self.world)]
         return self._metas
+
+    def release(self):
+        """Give the buffer set back (after ``read``, once the call's device work with the records is
+        queued)."""
+        bufs, self._bufs = self._bufs, None
+        if bufs is None:
+            return
+        if self._device_reader is not None:
+            bufs.read_done.record(self._device_reader)
+            bufs.read_pending = True
+        _free_record_buffers[bufs.key].append(bufs)
 
     def max_amax(self) -> torch.Tensor:
         """The largest shard amax of the group as a 1-element fp32 tensor on the current stream,
@@ -631,32 +680,46 @@ class _Records:
         if self.event is not None:
             current = torch.cuda.current_stream(records.device)
             current.wait_event(self.event)
-            records.record_stream(current)
+            self._device_reader = current
         bits = records.view(self.world, _META_LEN)[:, _F_AMAX_ROW].max()
         return bits.to(torch.int32).view(torch.float32).reshape(1)
 
 
 # ---------------------------------------------------------------------------------------------
-# The fast path. A group remembers the signature (the record's agreed slots) of its last call that
-# every rank agreed on. A call with that same signature posts its data gather right after its
-# record, without waiting for the records, and checks them after the data arrived. Its record says
-# so (_F_FAST) and lists the parts it posted: a rank that disagrees (it waited for the records, as
-# every call with another signature does) posts the same gather into scratch buffers before it
-# raises, so every rank's collectives stay in step and every rank raises the same error. The
-# signature fixes the parts (plan and sizes), so a rank on the fast path and one that waited but
-# agrees post the same gather. Every rank updates its signature from the same gathered records.
+# Fused mode. Every rank keeps the same _Agreed state for a group, changed only by calls that read
+# their records before posting data (so at the same point of the call sequence on every rank). After
+# _FUSE_AFTER agreed calls in a row with one signature, every call of the group posts one collective:
+# its data parts and its record. A rank whose call has that signature posts its data; any other
+# rank posts scratch buffers of the agreed layout, so the collective matches on every rank, then reads
+# the records at once: if every rank did the same (a new signature on all ranks) the call goes on as
+# a waiting call (its data gathered next); if not, the ranks disagree, and each raises the same error
+# (the ones that posted data, from wait()). Errors change no state. Signatures whose data depend on
+# the records (quantize_as NVFP4 with the group's amax) never fuse.
+
+_FUSE_AFTER = 2
+
 
 class _Agreed:
-    __slots__ = ("signature", "layout", "_records")
+    __slots__ = ("signature", "layout", "streak", "_records")
 
     def __init__(self):
         self.signature = self.layout = None
+        self.streak = 0  # agreed calls in a row with ``signature``
         self._records = {}  # device -> (record, its device copy)
 
+    def fused(self) -> bool:
+        return self.streak >= _FUSE_AFTER
+
+    def agree(self, signature, layout):
+        """A call that read its records before its data gather agreed on ``signature``."""
+        fusable = signature is not None and not (signature[_F_KIND] == KIND_TO_QUANTIZE and
+                                                 signature[_F_FMT] == _NVFP4_CODE and signature[_F_AMAX_AUTO])
+        self.streak = 0 if not fusable else self.streak + 1 if signature == self.signature else 1
+        self.signature, self.layout = signature, layout
+
     def device_record(self, meta, device) -> torch.Tensor:
-        """This rank's fast-path record on ``device``, made once per signature and only read after that.
-        It changes only with the signature, i.e. after a call that waited for its own records (and so
-        for every earlier gather of the group), so no gather in flight still reads the old one."""
+        """This rank's record on ``device`` for a call of the agreed signature, made once and only
+        read after that (NCCL keeps the tensors of a collective in flight alive)."""
         record, dev = self._records.get(device, (None, None))
         if record != meta:
             dev = torch.tensor(meta, dtype=torch.int64).to(device)
@@ -693,25 +756,14 @@ def _layout(parts) -> tuple:
     return tuple((_DTYPE_CODE[p.send.dtype], p.send.numel()) for p in parts)
 
 
-def _mark_fast(meta, layout):
-    meta[_F_FAST], meta[_F_NPARTS] = 1, len(layout)
-    for i, (code, numel) in enumerate(layout):
-        meta[_F_LAYOUT + 2 * i:_F_LAYOUT + 2 * i + 2] = code, numel
-
-
-def _drain(metas, group, world, device):
-    """Ranks on the fast path posted their data gather before the records showed a disagreement:
-    post the same gather (its layout is in their records) into scratch buffers, then wait for it."""
-    fast = [m for m in metas if m[_F_MAGIC] == _MAGIC and m[_F_FAST]]
-    if not fast:
-        return
-    meta, parts = fast[0], []
-    for i in range(meta[_F_NPARTS]):
-        code, numel = meta[_F_LAYOUT + 2 * i:_F_LAYOUT + 2 * i + 2]
-        send = torch.zeros(numel, dtype=_DTYPES[code - 1], device=device)
-        parts.append(_Part("drain", send, torch.empty(world * numel, dtype=send.dtype, device=device), None))
-    for work in _launch(parts, group, world):
-        work.wait()
+def _scratch_parts(layout, world, device) -> list:
+    """Buffers of the agreed layout that nobody reads: what a rank whose call has another signature
+    posts in fused mode, so that its collective matches the others'."""
+    parts = []
+    for code, numel in layout:
+        send = torch.empty(numel, dtype=_DTYPES[code - 1], device=device)
+        parts.append(_Part("scratch", send, torch.empty(world * numel, dtype=send.dtype, device=device), None))
+    return parts
 
 
 def _ranks_by_value(metas, slot_fn):
@@ -860,7 +912,7 @@ class _PackedWork:
     without its defects; see _allgather); ``wait()`` copies each rank's bytes into the parts."""
 
     def __init__(self, ops, group, world):
-        self._ops, self._world = ops, world
+        self._ops, self._world, self._unpacked = ops, world, False
         self._send = torch.cat([_bytes(p.send) for p in ops])
         self._recv = torch.empty(world * self._send.numel(), dtype=torch.uint8)
         self._work = _allgather([self._recv], [self._send], group)
@@ -870,6 +922,9 @@ class _PackedWork:
 
     def wait(self):
         self._work.wait()
+        if self._unpacked:
+            return True
+        self._unpacked = True
         rows, offset = self._recv.view(self._world, -1), 0
         for p in self._ops:
             _bytes(p.recv).view(self._world, p.nbytes).copy_(rows[:, offset:offset + p.nbytes])
@@ -1041,10 +1096,11 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     hash its sender computed before sending (the hashes travel in the metadata exchange).
 
     World size 1: no communication; returns x itself (quantized per ``quantize_as`` if asked).
-    Mutates nothing it was given. Collectives: one metadata all-gather, then one (coalesced) data
-    gather; the host waits for the metadata first unless the call repeats the signature (kind,
-    dtype, shape, format, usages, options, verify) of the group's last agreed call, in which case
-    it checks the metadata after the data arrived. Raises ValueError on every rank when the ranks disagree
+    Mutates nothing it was given. Collectives: a metadata all-gather, waited for, then one
+    (coalesced) data gather; once the group's last two such calls agreed on the signature (kind,
+    dtype, shape, format, usages, options, verify), one collective per call carries both and the
+    metadata is checked after the data arrived (a call that then changes the signature costs one
+    extra gather of the previous layout). Raises ValueError on every rank when the ranks disagree
     (the field, its values and the ranks are named) or when a rank's input is invalid (that rank
     raises its own TypeError/ValueError), GatherVerificationError (a RuntimeError, on the receiving
     rank, from ``wait()`` when async) for a corrupted shard, RuntimeError when torch.distributed is
@@ -1059,36 +1115,37 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     with _on_device(device):
         meta = local.record(rank)
         signature, agreed = _signature(meta), _agreed(group)
-        fast = signature is not None and signature == agreed.signature
-        if fast:
-            _mark_fast(meta, agreed.layout)
-        records = _Records(local, meta, group, world, device, agreed)
-        if local.error is None:
-            local.build_parts(world)  # allocations overlap the exchange
-        if not fast:
+        fast = agreed.fused() and signature == agreed.signature
+        if fast:  # data and record in one collective; the records are checked after the data arrived
+            plan = _decide(local, None, world)  # the signature fixes the plan, and it needs no record
+            records = _Records(local, meta, group, world, device, agreed, plan.parts, cached=True)
+            data_parts = parts = plan.parts
+            works = records.works
+            assert _layout(parts) == agreed.layout, f"{_OP}: internal error: parts differ from the agreed layout"
+        else:
+            scratch = _scratch_parts(agreed.layout, world, device) if agreed.fused() else None
+            records = _Records(local, meta, group, world, device, agreed, scratch)
+            if local.error is None:
+                local.build_parts(world)  # allocations overlap the exchange
             try:
                 _check_agreement(records.read(), local, rank)
-            except Exception:
-                _drain(records.read(), group, world, device)
-                raise
-        plan = _decide(local, records, world)
-        data_parts = parts = plan.parts
-        if verify and not plan.hashes_in_meta:  # sent bytes made after the exchange: hashes ride with the data
-            local.hashes = _hash_all(data_parts)
-            hashes = torch.empty(world * len(data_parts), dtype=torch.int64, device=device)
-            parts = data_parts + [_Part(_HASH_PART, local.hashes, hashes, None)]
-        layout = _layout(parts)
-        if fast:
-            assert layout == agreed.layout, f"{_OP}: internal error: parts {layout} differ from {agreed.layout}"
-        else:
-            agreed.signature, agreed.layout = signature, layout
-        works = _launch(parts, group, world)
+                plan = _decide(local, records, world)
+            finally:
+                records.release()
+            data_parts = parts = plan.parts
+            if verify and not plan.hashes_in_meta:  # sent bytes made after the exchange: hashes ride with the data
+                local.hashes = _hash_all(data_parts)
+                hashes = torch.empty(world * len(data_parts), dtype=torch.int64, device=device)
+                parts = data_parts + [_Part(_HASH_PART, local.hashes, hashes, None)]
+            agreed.agree(signature, _layout(parts))
+            works = _launch(parts, group, world)
     if plan.warning is not None:
         _warn_once(*plan.warning)
 
     def finish():
         metas = records.read()
-        if fast:  # the ranks that disagree posted the same gather (_drain), so the data has arrived
+        if fast:  # a rank that disagrees posted scratch buffers of the same layout, so the data has arrived
+            records.release()
             _check_agreement(metas, local, rank)
         if testing._gather_faults:
             testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])

@@ -523,29 +523,32 @@ def mismatch_cases():
     return out
 
 
-# ---- the fast path: a call with the signature of the group's last agreed call -------------------
+# ---- fused mode: data and record in one collective once a group repeats its signature -----------
 
 @contextlib.contextmanager
-def drains_seen():
-    """Counts, per pyxfer.gather._drain call on this rank, the ranks whose record says they had
-    already posted their data gather (the fast path)."""
-    seen, original = [], pyxfer.gather._drain
+def scratch_posts():
+    """Counts this rank's posts of scratch buffers (fused mode, a call with another signature)."""
+    seen, original = [], pyxfer.gather._scratch_parts
 
-    def counting(metas, *args):
-        seen.append(sum(m[pyxfer.gather._F_FAST] for m in metas))
-        return original(metas, *args)
-    pyxfer.gather._drain = counting
+    def counting(layout, *args):
+        seen.append(len(layout))
+        return original(layout, *args)
+    pyxfer.gather._scratch_parts = counting
     try:
         yield seen
     finally:
-        pyxfer.gather._drain = original
+        pyxfer.gather._scratch_parts = original
 
 
-def fast_path_cases():
-    """The first call of a signature waits for the records; a repeat posts its data at once and checks
-    the records afterwards. Repeats must give exact results; a rank that disagrees with ranks on the
-    fast path must leave every rank with the same error and the group in step."""
+def fused_cases():
+    """The first two calls of a signature wait for their records; from the third on, data and record
+    travel in one collective and the records are checked afterwards. Repeats must give exact results;
+    a new signature on every rank must work (one scratch gather); a rank that disagrees with ranks in
+    fused mode must leave every rank with the same error, the group in step and still fused."""
     out = []
+
+    def state(ctx):
+        return pyxfer.gather._agreed(ctx.group or dist.group.WORLD)
 
     def in_step(ctx):
         y = torch.full((2,), float(ctx.rank), device=ctx.device)
@@ -553,28 +556,41 @@ def fast_path_cases():
 
     def repeats(ctx):
         full = full_tensor(ctx, (64, 96), torch.bfloat16, ctx.gen())
-        spec = formats.QuantizeSpec("nvfp4", rowwise=True, columnwise=True)  # amax from the records, on device
-        for i in range(3):
-            x = shard_of(ctx, full * (i + 1)).to(ctx.device)
-            assert_same(gather(ctx, x, verify=i == 1), full * (i + 1))
-            assert_same(gather(ctx, x, quantize_as=spec, async_op=i == 2, verify=i > 0),
-                        spec.quantize(full * (i + 1)))
-            assert_same(gather(ctx, x, quantize_as=spec, async_op=i == 2, verify=i > 0),
-                        spec.quantize(full * (i + 1)))
-        group = ctx.group or dist.group.WORLD
-        assert pyxfer.gather._agreed(group).signature is not None
-    out.append(("fast-repeats", repeats))
+        nvfp4 = formats.QuantizeSpec("nvfp4", rowwise=True, columnwise=True)  # amax from the records: never fused
+        mxfp8 = formats.QuantizeSpec("mxfp8", rowwise=True, columnwise=True)
+        cases = [({}, True), ({"verify": True}, True), ({"quantize_as": mxfp8}, True),
+                 ({"quantize_as": mxfp8, "verify": True}, True), ({"quantized": "mxfp8"}, True),
+                 ({"quantized": "mxfp8", "verify": True}, True), ({"quantize_as": nvfp4}, False)]
+        for kw, fusable in cases:
+            kw = dict(kw)
+            fmt = kw.pop("quantized", None)
+            for i in range(4):
+                x = shard_of(ctx, full * (i + 1)).to(ctx.device)
+                if fmt:
+                    x = formats.quantize(x, fmt, columnwise=True)
+                    want = formats.quantize(full * (i + 1), fmt, columnwise=True)
+                else:
+                    want = kw["quantize_as"].quantize(full * (i + 1)) if "quantize_as" in kw else full * (i + 1)
+                fused, layout = state(ctx).fused(), state(ctx).layout
+                assert i == 0 or fused == (fusable and i >= 2), (kw, fmt, i, fused)
+                with scratch_posts() as seen:
+                    assert_same(gather(ctx, x, async_op=i == 3, **kw), want)
+                # a new signature on every rank: scratch buffers of the old layout, if it was fused
+                assert seen == ([len(layout)] if fused and i == 0 else []), (kw, fmt, i, seen)
+    out.append(("fused-repeats", repeats))
 
-    def stale(ctx):
-        """Rank 0 forgot the group's signature (it waits for the records); the others post at once."""
-        full = full_tensor(ctx, (4, 6), torch.float32, ctx.gen())
-        x = shard_of(ctx, full).to(ctx.device)
-        assert_same(gather(ctx, x), full)
-        if ctx.rank == 0:
-            pyxfer.gather._agreed_by_group.clear()
-        assert_same(gather(ctx, x, async_op=True), full)
-        assert_same(gather(ctx, x), full)
-    out.append(("fast-stale-signature-on-one-rank", stale))
+    def new_signature_everywhere(ctx):
+        """In fused mode every rank changes shape: one scratch gather of the old layout, exact results."""
+        for i, rows in enumerate((4, 4, 4, 6, 6, 6)):
+            full = full_tensor(ctx, (rows, 5), torch.float32, ctx.gen())
+            x = shard_of(ctx, full).to(ctx.device)
+            fused = state(ctx).fused()
+            with scratch_posts() as seen:
+                assert_same(gather(ctx, x, async_op=rows == 6), full)
+            assert i == 0 or seen == ([1] if i == 3 else []), (rows, seen)
+            assert i == 0 or fused == (i in (2, 3, 5)), (i, fused)
+        assert state(ctx).fused()
+    out.append(("fused-new-signature-on-every-rank", new_signature_everywhere))
 
     variants = {  # name: (rank 0's input, the others' input, words of the error)
         "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
@@ -583,37 +599,42 @@ def fast_path_cases():
         "bad-input": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones((), device=d), "rejected"),
     }
     for name, (agreed, other, words) in variants.items():
-        for fast_ranks in ("rank0", "others"):
+        for fused_ranks in ("rank0", "others"):
             for asyn in (False, True):
-                def run(ctx, name=name, agreed=agreed, other=other, words=words, fast_ranks=fast_ranks, asyn=asyn):
-                    assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
-                    on_fast = (ctx.rank == 0) == (fast_ranks == "rank0")
-                    x = agreed(ctx.device) if on_fast else other(ctx.device)
-                    with drains_seen() as seen:
+                def run(ctx, name=name, agreed=agreed, other=other, words=words, fused_ranks=fused_ranks, asyn=asyn):
+                    for _ in range(2):
+                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
+                    assert state(ctx).fused()
+                    on_agreed = (ctx.rank == 0) == (fused_ranks == "rank0")
+                    x = agreed(ctx.device) if on_agreed else other(ctx.device)
+                    with scratch_posts() as seen:
                         try:
                             gather(ctx, x, async_op=asyn)
                         except (ValueError, TypeError) as e:
                             msg = str(e)
                         else:
                             raise AssertionError("no error raised")
-                    n_fast = 1 if fast_ranks == "rank0" else ctx.world - 1
-                    assert seen == ([] if on_fast else [n_fast]), (seen, ctx.rank)
+                    assert seen == ([] if on_agreed else [1]), (seen, ctx.rank)
                     others = "rank 1" if ctx.world == 2 else f"ranks {', '.join(map(str, range(1, ctx.world)))}"
                     if name != "bad-input":
                         assert words in msg and "rank 0" in msg and others in msg, msg
-                    elif on_fast:  # the others' error names the ranks that rejected their input
-                        assert words in msg and (others if fast_ranks == "rank0" else "rank 0") in msg, msg
+                    elif on_agreed:  # the others' error names the ranks that rejected their input
+                        assert words in msg and (others if fused_ranks == "rank0" else "rank 0") in msg, msg
                     else:
                         assert "0-dim" in msg, msg
+                    assert state(ctx).fused()  # errors change no state: the agreed call is still fused
+                    with scratch_posts() as seen:
+                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
+                    assert seen == []
                     in_step(ctx)
                     in_step(ctx)
-                out.append((f"fast-disagree-{name}-fast-on-{fast_ranks}-{'async' if asyn else 'sync'}", run))
+                out.append((f"fused-disagree-{name}-agreed-on-{fused_ranks}-{'async' if asyn else 'sync'}", run))
     return out
 
 
 def cases(world):
     out = plain_cases() + matrix_cases() + quantized_cases() + fault_cases() + mismatch_cases() + \
-        fast_path_cases()
+        fused_cases()
     return [(n, f) for n, f in out if world > 2 or n != "plain-subgroup-of-2"]
 
 

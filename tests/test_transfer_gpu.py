@@ -232,7 +232,8 @@ def test_source_overwritten_right_after_a_deferred_copy(gen):
 # The copy-engine pipeline under several chunk schedules (fused kernel off), and the fused kernel
 # (pull + hash in one kernel) for every size.
 @pytest.mark.parametrize("knobs", [{"PYXFER_PEER_CHUNKS": s, "PYXFER_PEER_FUSED_MIB": "0"}
-                                   for s in ("2,8", "8,1", "1,1", "3,0.5")] + [{"PYXFER_PEER_FUSED_MIB": "1024"}])
+                                   for s in ("2,8", "8,1", "1,1", "3,0.5")] +
+                         [{"PYXFER_PEER_FUSED_MIB": "0"}, {"PYXFER_PEER_FUSED_MIB": "1024"}])
 def test_peer_chunk_schedules_and_the_fused_kernel(knobs):
     code = """
 import torch, pyxfer

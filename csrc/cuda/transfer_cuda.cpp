@@ -43,11 +43,13 @@ constexpr int64_t kOverlapBytes = int64_t(4) << 20;  // from here on, hash besid
 // (shrink - 1) / shrink of what is left, so it is 1/shrink of the one before: few chunks (each costs
 // a gap in the copy engine's stream) and a small last chunk (the only hash not hidden behind the
 // copy). The hash of chunk k (~4 TB/s) stays hidden behind the copy of chunk k+1 (~0.4 TB/s over
-// NVLink) while shrink < ~10. No chunk is smaller than min_chunk.
+// NVLink) while shrink < ~10. No chunk is smaller than min_chunk. 9 and 4 MiB give 256 MiB two chunks
+// (227.6 + 28.4 MiB), 1 GiB three; on 2x H200 that beat 6 and 2 MiB (three chunks at 256 MiB) by 1-2
+// points of raw bandwidth at 256 MiB in the same run (benchmarks/RESULTS.md, run G).
 struct PipelineSchedule {
   int64_t fused_max = int64_t(64) << 20;  // bytes; 0: never fused
-  int64_t shrink = 6;                     // <= 1: one chunk (the destination hash after the copy)
-  int64_t min_chunk = int64_t(2) << 20;   // bytes, a multiple of 8
+  int64_t shrink = 9;                     // <= 1: one chunk (the destination hash after the copy)
+  int64_t min_chunk = int64_t(4) << 20;   // bytes, a multiple of 8
 };
 
 // Benchmark/tuning knobs, read once (benchmarks/peer_overlap.py --schedules compares them):
