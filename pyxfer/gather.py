@@ -603,7 +603,7 @@ class _Records:
 
     def __init__(self, local: _Local, meta, group, world, device, agreed, data_parts=None, cached=False):
         self.world, self._metas, self._bufs, self._device_reader, self._work = world, None, None, None, None
-        self.works = []
+        self.works, self._send = [], None
         fused = data_parts is not None
         device_values = local.error is None and (
             local.amax_dev is not None or (local.verify and local.parts is not None))
@@ -622,7 +622,8 @@ class _Records:
         free = _free_record_buffers.setdefault((device, world), [])
         self._bufs = bufs = free.pop() if free else _RecordBuffers(device, world)
         self.host, self.dev, self.event = bufs.host, bufs.dev, bufs.event
-        side = _side_stream(device)
+        # Fused: the group's own read stream, so that no other group's records wait for this data gather.
+        side = agreed.read_stream(device) if fused else _side_stream(device)
         if bufs.read_pending:  # the previous holder's device reads (max_amax)
             (torch.cuda.current_stream(device) if fused else side).wait_event(bufs.read_done)
             bufs.read_pending = False
@@ -631,6 +632,9 @@ class _Records:
             if device_values:
                 send = send.clone() if cached else send
                 _device_values(local, send)
+            # Held until release(): the side stream's wait below lets the backend drop its reference
+            # while the caller's stream, where the clone was allocated, has not waited for the collective.
+            self._send = send
             self.works = _launch(data_parts + [_Part("record", send, self.dev, None)], group, world)
         with torch.cuda.stream(side):
             if not fused:
@@ -663,8 +667,8 @@ class _Records:
 
     def release(self):
         """Give the buffer set back (after ``read``, once the call's device work with the records is
-        queued)."""
-        bufs, self._bufs = self._bufs, None
+        queued and, fused, once the caller's stream waited for the collective)."""
+        bufs, self._bufs, self._send = self._bufs, None, None
         if bufs is None:
             return
         if self._device_reader is not None:
@@ -700,12 +704,19 @@ _FUSE_AFTER = 2
 
 
 class _Agreed:
-    __slots__ = ("signature", "layout", "streak", "_records")
+    __slots__ = ("signature", "layout", "streak", "_records", "_read_streams")
 
     def __init__(self):
         self.signature = self.layout = None
         self.streak = 0  # agreed calls in a row with ``signature``
         self._records = {}  # device -> (record, its device copy)
+        self._read_streams = {}  # device -> the stream that copies fused calls' records to the host
+
+    def read_stream(self, device):
+        stream = self._read_streams.get(device)
+        if stream is None:
+            stream = self._read_streams[device] = torch.cuda.Stream(device)
+        return stream
 
     def fused(self) -> bool:
         return self.streak >= _FUSE_AFTER
@@ -1118,10 +1129,12 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
         fast = agreed.fused() and signature == agreed.signature
         if fast:  # data and record in one collective; the records are checked after the data arrived
             plan = _decide(local, None, world)  # the signature fixes the plan, and it needs no record
-            records = _Records(local, meta, group, world, device, agreed, plan.parts, cached=True)
             data_parts = parts = plan.parts
+            if _layout(parts) != agreed.layout:  # before posting: never a collective of other sizes
+                raise RuntimeError(f"{_OP}: internal error: parts {_layout(parts)} differ from the agreed "
+                                   f"layout {agreed.layout}")
+            records = _Records(local, meta, group, world, device, agreed, parts, cached=True)
             works = records.works
-            assert _layout(parts) == agreed.layout, f"{_OP}: internal error: parts differ from the agreed layout"
         else:
             scratch = _scratch_parts(agreed.layout, world, device) if agreed.fused() else None
             records = _Records(local, meta, group, world, device, agreed, scratch)

@@ -592,6 +592,23 @@ def fused_cases():
         assert state(ctx).fused()
     out.append(("fused-new-signature-on-every-rank", new_signature_everywhere))
 
+    def in_flight(ctx):
+        """Fused calls in flight at once, each record holding device-computed hashes, with small
+        allocations written between the calls (they would reuse a record freed too early)."""
+        full = full_tensor(ctx, (512, 384), torch.float32, ctx.gen())
+        x = shard_of(ctx, full).to(ctx.device)
+        for _ in range(2):
+            assert_same(gather(ctx, x, verify=True), full)
+        assert state(ctx).fused()
+        handles, litter = [], []
+        for i in range(4):
+            handles.append(all_gather(x * (i + 1), ctx.group, async_op=True, verify=True))
+            litter += [torch.full((64,), -1, dtype=torch.int64, device=ctx.device) for _ in range(8)]
+        for i, h in enumerate(handles):
+            assert_same(h.wait(), full * (i + 1))
+        assert all(bool((t == -1).all()) for t in litter)
+    out.append(("fused-calls-in-flight-with-verify", in_flight))
+
     variants = {  # name: (rank 0's input, the others' input, words of the error)
         "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
         "dtype": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(4, 3, dtype=torch.float16, device=d),
