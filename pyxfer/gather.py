@@ -49,8 +49,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import testing
-from .ops import as_uint64
+from . import formats, testing
+from .ops import as_uint64, check_tensor
 
 __all__ = ["all_gather", "GatherHandle", "QuantizedGatherFallbackWarning", "GatherVerificationError"]
 
@@ -160,7 +160,6 @@ class _Desc:
 
     def quantize(self, x, global_amax=None, swizzled=None):
         """Quantize ``x`` (any leading dims) as described; NVFP4 with ``global_amax`` if given."""
-        from . import formats
         opts = {}
         if self.fmt.startswith("fp8_block"):
             opts = dict(fp8_dtype=self.fp8_dtype, pow2_scales=self.pow2_scales, amax_epsilon=self.amax_epsilon)
@@ -172,7 +171,6 @@ class _Desc:
         return formats.quantize(x, self.fmt, rowwise=self.rowwise, columnwise=self.columnwise, **opts)
 
     def is_quantizable(self, shape) -> bool:
-        from . import formats
         return formats.is_quantizable(tuple(shape), self.fmt)
 
 
@@ -200,7 +198,6 @@ def _desc_of_spec(spec) -> _Desc:
 
 
 def _qt_class(fmt):
-    from . import formats
     return {"fp8_block_1x128": formats.Float8BlockTensor, "fp8_block_128x128": formats.Float8BlockTensor,
             "mxfp8": formats.MXFP8Tensor, "nvfp4": formats.NVFP4Tensor}[fmt]
 
@@ -221,12 +218,6 @@ def _build_qt(desc: _Desc, shape, dtype, buffers: dict, amax_row=None, amax_col=
 
 
 def _is_quantized_tensor(x) -> bool:
-    if isinstance(x, torch.Tensor):
-        return False
-    try:
-        from . import formats
-    except ImportError:
-        return False
     return isinstance(x, formats.QuantizedTensor)
 
 
@@ -408,14 +399,12 @@ class _Local:
             self.parts = [_plain_part(t, world)] if what == "plain" else _quantized_parts(t, self.desc, world)
 
     def _prepare(self, x, quantize_as, world):
-        from .ops import check_tensor
         device = getattr(x, "device", None)  # known even if x is rejected: the metadata goes there
         self.device = device if isinstance(device, torch.device) and device.type in ("cpu", "cuda") else None
         if not isinstance(self.verify, bool):
             raise TypeError(f"{_OP}: verify must be a bool, got {type(self.verify).__name__}")
         spec = None
         if quantize_as is not None:
-            from . import formats
             if not isinstance(quantize_as, formats.QuantizeSpec):
                 raise TypeError(f"{_OP}: quantize_as must be a pyxfer.formats.QuantizeSpec or None, "
                                 f"got {type(quantize_as).__name__}")
@@ -826,10 +815,13 @@ def _check_agreement(metas, local: _Local, rank: int):
 # that agrees. What only the records tell (NVFP4 shard amaxes) is handled after the data arrived.
 
 class _Plan:
-    """What to gather, and ``build(finals, records)``: the result from the finished parts."""
+    """What to gather; ``build(finals)``: the result from the finished parts, queued before the
+    records are read; ``rebuild(finals, records, result)``, if not None: the result once the records
+    are known (NVFP4 shards may carry different amax)."""
 
-    def __init__(self, parts, build, hashes_in_meta, warning=None):
-        self.parts, self.build, self.hashes_in_meta, self.warning = parts, build, hashes_in_meta, warning
+    def __init__(self, parts, build, hashes_in_meta, warning=None, rebuild=None):
+        self.parts, self.build, self.hashes_in_meta, self.warning, self.rebuild = \
+            parts, build, hashes_in_meta, warning, rebuild
 
 
 def _amaxes(metas, slot):
@@ -839,7 +831,6 @@ def _amaxes(metas, slot):
 def _nvfp4_shard_values(parts, r, shape, dtype, amax):
     """Rank ``r``'s NVFP4 shard decoded from the bytes gathered from it (rowwise if gathered, as
     QuantizedTensor.dequantize chooses), its trimmed scales zero-padded back to the compact shape."""
-    from . import formats
     by_name = {p.name: p for p in parts}
     m, k = math.prod(shape[:-1]), shape[-1]
     usage = "rowwise" if "rowwise_data" in by_name else "columnwise"
@@ -859,7 +850,7 @@ def _decide(local: _Local, records: _Records, world) -> _Plan:
     kind, shape = local.kind, local.shape
     out_shape = (world * shape[0],) + tuple(shape[1:])
     if kind == KIND_PLAIN:
-        return _Plan(local.parts, lambda finals, metas: finals[0], True)
+        return _Plan(local.parts, lambda finals: finals[0], True)
     desc = local.desc
     ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
     shard_ok = desc.is_quantizable(shape)
@@ -876,42 +867,43 @@ def _decide(local: _Local, records: _Records, world) -> _Plan:
         return f"{_OP} gathered in {dtype} instead of {desc.fmt}: {reason}. The result is {then}.", \
             (desc.fmt, "shape", out_ok)
 
-    def quantized_build(q, parts):
-        nvfp4_shards = kind == KIND_QUANTIZED and desc.fmt == "nvfp4"
-
-        def build(finals, metas):
-            if nvfp4_shards:
-                row, col = _amaxes(metas, _F_AMAX_ROW), _amaxes(metas, _F_AMAX_COL)
-                if len(set(row)) > 1 or len(set(col)) > 1:
-                    # The same result as dequantizing each shard with its own amax, gathering the
-                    # values and requantizing, from the quantized bytes already here (no second gather).
-                    amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(row if desc.rowwise else col))
-                    dtype = str(local.dtype).removeprefix("torch.")
-                    _warn_once(f"{_OP} gathered NVFP4 shards that were quantized with different global amax "
-                               f"({amaxes}), so they cannot share one global scale (quantize with the group's "
-                               f"all-reduced amax): each shard was decoded to {dtype} with its own amax and the "
-                               f"result requantized as nvfp4, as the dequantize-then-gather fallback would.",
-                               (desc.fmt, "amax", out_ok))
-                    mine = row if desc.rowwise else col
-                    hp = torch.cat([_nvfp4_shard_values(parts, r, shape, local.dtype, mine[r]) for r in range(world)])
-                    return requantize(hp, max(row + col))
+    def quantized_plan(q, parts, hashes_in_meta):
+        def build(finals):
             bufs = {p.name: t for p, t in zip(parts, finals)}
             amax_row = q.amax_rowwise.clone() if desc.fmt == "nvfp4" and desc.rowwise else None
             amax_col = q.amax_columnwise.clone() if desc.fmt == "nvfp4" and desc.columnwise else None
             out = _build_qt(desc, out_shape, local.dtype, bufs, amax_row, amax_col)
             return out.with_swizzled_scales() if local.out_swizzled else out
-        return build
+
+        def rebuild(finals, metas, result):
+            row, col = _amaxes(metas, _F_AMAX_ROW), _amaxes(metas, _F_AMAX_COL)
+            if len(set(row)) == 1 and len(set(col)) == 1:
+                return result
+            # The same result as dequantizing each shard with its own amax, gathering the values and
+            # requantizing, from the quantized bytes already here (no second gather).
+            amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(row if desc.rowwise else col))
+            dtype = str(local.dtype).removeprefix("torch.")
+            _warn_once(f"{_OP} gathered NVFP4 shards that were quantized with different global amax "
+                       f"({amaxes}), so they cannot share one global scale (quantize with the group's "
+                       f"all-reduced amax): each shard was decoded to {dtype} with its own amax and the "
+                       f"result requantized as nvfp4, as the dequantize-then-gather fallback would.",
+                       (desc.fmt, "amax", out_ok))
+            mine = row if desc.rowwise else col
+            hp = torch.cat([_nvfp4_shard_values(parts, r, shape, local.dtype, mine[r]) for r in range(world)])
+            return requantize(hp, max(row + col))
+        nvfp4_shards = kind == KIND_QUANTIZED and desc.fmt == "nvfp4"
+        return _Plan(parts, build, hashes_in_meta, rebuild=rebuild if nvfp4_shards else None)
 
     if shard_ok:
         if local.parts is None:  # quantize_as NVFP4 with the group's amax: the max of the shard amaxes
             local.q = desc.quantize(local.x, global_amax=records.max_amax(), swizzled=False)
             local.parts = _quantized_parts(local.q, desc, world)
-            return _Plan(local.parts, quantized_build(local.q, local.parts), False)
-        return _Plan(local.parts, quantized_build(local.q, local.parts), True)
+            return quantized_plan(local.q, local.parts, False)
+        return quantized_plan(local.q, local.parts, True)
     what = "gathered quantized" if kind == KIND_QUANTIZED else f"quantized as {desc.fmt}"
     reason = f"the shards of shape {list(shape)} on {ranks} cannot be {what}: {_why_not_quantizable(shape, desc.fmt)}"
     # (NVFP4 tensors always hold whole 16x16 blocks, so only FP8-block and MXFP8 ones get here.)
-    return _Plan(local.parts, lambda finals, metas: requantize(finals[0], None), True,
+    return _Plan(local.parts, lambda finals: requantize(finals[0], None), True,
                  fallback_warning(reason))
 
 
@@ -957,23 +949,28 @@ def _launch(parts, group, world):
     return [_PackedWork(ops, group, world)]
 
 
-def _verify(data_parts, expected, rank, world):
-    """Hash every shard received from another rank (the rank-major bytes, before any fix-up) and
-    compare with the sender's hash; ``expected(r)`` lists rank r's hashes in part order."""
+def _verify(data_parts, rank, world):
+    """Queue the PXH64 of every shard received from another rank (the rank-major bytes, before any
+    fix-up) and return ``check(expected)``, which compares them with the senders' hashes
+    (``expected(r)`` lists rank r's hashes in part order) with one host read. Queued before the
+    caller waits for its records, so that the host waits once for both."""
     checks = [(r, i, p) for r in range(world) if r != rank for i, p in enumerate(data_parts) if p.nbytes]
-    if not checks:
-        return
-    got = torch.stack([torch.ops.pyxfer.checksum(p.region(r), 0) for r, _, p in checks]).tolist()  # one host read
-    want = {r: expected(r) for r in range(world) if r != rank}
-    bad = [(r, p, as_uint64(w), as_uint64(g)) for (r, i, p), g in zip(checks, got)
-           for w in [want[r][i]] if as_uint64(w) != as_uint64(g)]
-    if bad:
-        r, p, w, g = bad[0]
-        more = f" ({len(bad) - 1} more shard buffer(s) mismatched too)" if len(bad) > 1 else ""
-        raise GatherVerificationError(
-            f"{_OP}: the {p.name} shard from rank {r} arrived corrupted on rank {rank}: sender PXH64 {w:#018x}, "
-            f"received PXH64 {g:#018x} ({p.nbytes} bytes){more}",
-            src_rank=r, rank=rank, buffer=p.name, num_bytes=p.nbytes, expected=w, actual=g)
+    got = torch.stack([torch.ops.pyxfer.checksum(p.region(r), 0) for r, _, p in checks]) if checks else None
+
+    def check(expected):
+        if got is None:
+            return
+        want = {r: expected(r) for r in range(world) if r != rank}
+        bad = [(r, p, as_uint64(w), as_uint64(g)) for (r, i, p), g in zip(checks, got.tolist())
+               for w in [want[r][i]] if as_uint64(w) != as_uint64(g)]
+        if bad:
+            r, p, w, g = bad[0]
+            more = f" ({len(bad) - 1} more shard buffer(s) mismatched too)" if len(bad) > 1 else ""
+            raise GatherVerificationError(
+                f"{_OP}: the {p.name} shard from rank {r} arrived corrupted on rank {rank}: sender PXH64 {w:#018x}, "
+                f"received PXH64 {g:#018x} ({p.nbytes} bytes){more}",
+                src_rank=r, rank=rank, buffer=p.name, num_bytes=p.nbytes, expected=w, actual=g)
+    return check
 
 
 _HASH_PART = "pxh64"
@@ -1038,14 +1035,17 @@ def _group_info(group):
         raise RuntimeError(f"{_OP}: torch.distributed is not initialized (call torch.distributed.init_process_group)")
     if group is None:
         group = dist.group.WORLD
-    rank = dist.get_rank(group)
+    from torch.distributed import distributed_c10d as c10d
+    if isinstance(group, c10d.ProcessGroup):  # a member's group: its own methods (the dist helpers look it up)
+        rank, world = group.rank(), group.size()
+    else:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError(f"{_OP}: this process is not a member of the given group")
-    from torch.distributed import distributed_c10d as c10d
     if group in c10d._world.pg_coalesce_state:
         raise RuntimeError(f"{_OP}: cannot run inside torch.distributed._coalescing_manager (it exchanges "
                            "metadata before gathering); call it outside, with async_op=True for overlap")
-    return group, rank, dist.get_world_size(group)
+    return group, rank, world
 
 
 def _default_device(group):
@@ -1156,20 +1156,26 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
         _warn_once(*plan.warning)
 
     def finish():
+        # Everything the result needs is queued before the host waits for the records (in fused mode
+        # they arrive with the data): the host's wait is the call's last step.
+        if testing._gather_faults:
+            testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
+        check_hashes = _verify(data_parts, rank, world) if verify else None
+        finals = [p.finish() for p in data_parts]
+        result = plan.build(finals)
         metas = records.read()
         if fast:  # a rank that disagrees posted scratch buffers of the same layout, so the data has arrived
             records.release()
             _check_agreement(metas, local, rank)
-        if testing._gather_faults:
-            testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
         if verify:
             if plan.hashes_in_meta:
-                expected = lambda r: metas[r][_F_HASH:_F_HASH + len(data_parts)]  # noqa: E731
+                check_hashes(lambda r: metas[r][_F_HASH:_F_HASH + len(data_parts)])
             else:
                 gathered = parts[-1].recv.view(world, len(data_parts)).tolist()
-                expected = lambda r: gathered[r]  # noqa: E731
-            _verify(data_parts, expected, rank, world)
-        return plan.build([p.finish() for p in data_parts], metas)
+                check_hashes(lambda r: gathered[r])
+        if plan.rebuild is not None:
+            result = plan.rebuild(finals, metas, result)
+        return result
 
     handle = GatherHandle(works, finish, device)
     return handle if async_op else handle.wait()
