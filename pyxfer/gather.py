@@ -1158,11 +1158,18 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     def finish():
         # Everything the result needs is queued before the host waits for the records (in fused mode
         # they arrive with the data): the host's wait is the call's last step.
-        if testing._gather_faults:
-            testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
-        check_hashes = _verify(data_parts, rank, world) if verify else None
-        finals = [p.finish() for p in data_parts]
-        result = plan.build(finals)
+        try:
+            if testing._gather_faults:
+                testing._corrupt_gathered(rank, world, [(p.name, p.region, p.nbytes) for p in data_parts])
+            check_hashes = _verify(data_parts, rank, world) if verify else None
+            finals = [p.finish() for p in data_parts]
+            result = plan.build(finals)
+        except Exception:
+            if fast:  # read before the buffer set is reused; the ranks' disagreement, if any, explains more
+                metas = records.read()
+                records.release()
+                _check_agreement(metas, local, rank)
+            raise
         metas = records.read()
         if fast:  # a rank that disagrees posted scratch buffers of the same layout, so the data has arrived
             records.release()

@@ -609,6 +609,40 @@ def fused_cases():
         assert all(bool((t == -1).all()) for t in litter)
     out.append(("fused-calls-in-flight-with-verify", in_flight))
 
+    def local_failure(ctx):
+        """A fused call that fails on one rank after posting (building its result): that rank raises its
+        own error with its record buffers back in the pool, the others get exact results, the group
+        stays fused and in step."""
+        full = full_tensor(ctx, (64, 64), torch.bfloat16, ctx.gen())
+        q = formats.quantize(shard_of(ctx, full).to(ctx.device), "mxfp8")
+        want = formats.quantize(full, "mxfp8")
+        for _ in range(2):
+            assert_same(all_gather(q, ctx.group), want)
+        assert state(ctx).fused()
+        pool = pyxfer.gather._free_record_buffers.get((torch.device(ctx.device), ctx.world))
+        free = None if pool is None else len(pool)
+        original = pyxfer.gather._build_qt
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("injected local failure")
+        pyxfer.gather._build_qt = failing if ctx.rank == 0 else original
+        try:
+            for asyn in (False, True):
+                try:
+                    got = gather(ctx, q, async_op=asyn)
+                except RuntimeError as e:
+                    assert ctx.rank == 0 and "injected local failure" in str(e), (ctx.rank, e)
+                else:
+                    assert ctx.rank != 0, "no error raised"
+                    assert_same(got, want)
+        finally:
+            pyxfer.gather._build_qt = original
+        assert free is None or len(pool) == free, (free, len(pool))
+        assert state(ctx).fused()
+        assert_same(all_gather(q, ctx.group), want)
+        in_step(ctx)
+    out.append(("fused-local-failure-after-posting", local_failure))
+
     variants = {  # name: (rank 0's input, the others' input, words of the error)
         "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
         "dtype": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(4, 3, dtype=torch.float16, device=d),
