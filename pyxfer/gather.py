@@ -1155,6 +1155,13 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     if plan.warning is not None:
         _warn_once(*plan.warning)
 
+    def read_records():
+        metas = records.read()
+        if fast:  # a rank that disagrees posted scratch buffers of the same layout, so the data has arrived
+            records.release()
+            _check_agreement(metas, local, rank)
+        return metas
+
     def finish():
         # Everything the result needs is queued before the host waits for the records (in fused mode
         # they arrive with the data): the host's wait is the call's last step.
@@ -1166,14 +1173,9 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
             result = plan.build(finals)
         except Exception:
             if fast:  # read before the buffer set is reused; the ranks' disagreement, if any, explains more
-                metas = records.read()
-                records.release()
-                _check_agreement(metas, local, rank)
+                read_records()
             raise
-        metas = records.read()
-        if fast:  # a rank that disagrees posted scratch buffers of the same layout, so the data has arrived
-            records.release()
-            _check_agreement(metas, local, rank)
+        metas = read_records()
         if verify:
             if plan.hashes_in_meta:
                 check_hashes(lambda r: metas[r][_F_HASH:_F_HASH + len(data_parts)])
