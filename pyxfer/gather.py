@@ -625,10 +625,10 @@ class _Records:
             # while the caller's stream, where the clone was allocated, has not waited for the collective.
             self._send = send
             self.works = _launch(data_parts + [_Part("record", send, self.dev, None)], group, world)
+        if not fused and device_values:  # the amax / the sent bytes are computed on the caller's stream
+            side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             if not fused:
-                if device_values:
-                    side.wait_stream(torch.cuda.current_stream(device))
                 send = self._send_from_host(bufs, meta)
                 if device_values:
                     _device_values(local, send)
@@ -792,8 +792,8 @@ def _check_agreement(metas, local: _Local, rank: int):
     if bad:
         if local.error is not None:
             raise local.error
-        raise ValueError(f"{_OP}: {_fmt_ranks(bad)} rejected {'their' if len(bad) > 1 else 'its'} input "
-                         f"(see the error raised there); nothing was gathered")
+        raise ValueError(f"{_OP}: {_fmt_ranks(bad)} rejected {'their' if len(bad) > 1 else 'its'} input or "
+                         f"failed before sending (see the error raised there); nothing was gathered")
 
     def check(name, fn, show):
         groups = _ranks_by_value(metas, fn)
@@ -1112,10 +1112,10 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
     dtype, shape, format, usages, options, verify), one collective per call carries both and the
     metadata is checked after the data arrived (a call that then changes the signature costs one
     extra gather of the previous layout). Raises ValueError on every rank when the ranks disagree
-    (the field, its values and the ranks are named) or when a rank's input is invalid (that rank
-    raises its own TypeError/ValueError), GatherVerificationError (a RuntimeError, on the receiving
-    rank, from ``wait()`` when async) for a corrupted shard, RuntimeError when torch.distributed is
-    not initialized or the call is inside a ``_coalescing_manager``.
+    (the field, its values and the ranks are named) or when a rank's input is invalid or its call
+    failed before sending, e.g. out of memory (that rank raises its own error), GatherVerificationError
+    (a RuntimeError, on the receiving rank, from ``wait()`` when async) for a corrupted shard,
+    RuntimeError when torch.distributed is not initialized or the call is inside a ``_coalescing_manager``.
     """
     group, rank, world = _group_info(group)
     local = _Local(x, quantize_as, verify, world)
@@ -1128,11 +1128,18 @@ def all_gather(x, group=None, *, quantize_as=None, async_op: bool = False, verif
         signature, agreed = _signature(meta), _agreed(group)
         fast = agreed.fused() and signature == agreed.signature
         if fast:  # data and record in one collective; the records are checked after the data arrived
-            plan = _decide(local, None, world)  # the signature fixes the plan, and it needs no record
-            data_parts = parts = plan.parts
-            if _layout(parts) != agreed.layout:  # before posting: never a collective of other sizes
-                raise RuntimeError(f"{_OP}: internal error: parts {_layout(parts)} differ from the agreed "
-                                   f"layout {agreed.layout}")
+            try:
+                plan = _decide(local, None, world)  # the signature fixes the plan, and it needs no record
+                data_parts = parts = plan.parts
+                if _layout(parts) != agreed.layout:  # before posting: never a collective of other sizes
+                    raise RuntimeError(f"{_OP}: internal error: parts {_layout(parts)} differ from the agreed "
+                                       f"layout {agreed.layout}")
+            except Exception as e:  # e.g. out of memory for the result. The other ranks post the agreed
+                # collective: post it too, with scratch buffers and an error record (below), so that they raise
+                local.error, fast = e, False
+                meta = local.record(rank)
+                signature = None
+        if fast:
             records = _Records(local, meta, group, world, device, agreed, parts, cached=True)
             works = records.works
         else:

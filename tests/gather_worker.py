@@ -609,16 +609,21 @@ def fused_cases():
         assert all(bool((t == -1).all()) for t in litter)
     out.append(("fused-calls-in-flight-with-verify", in_flight))
 
-    def local_failure(ctx):
-        """A fused call that fails on one rank after posting (building its result): that rank raises its
-        own error with its record buffers back in the pool, the others get exact results, the group
-        stays fused and in step."""
-        full = full_tensor(ctx, (64, 64), torch.bfloat16, ctx.gen())
+    def fused_mxfp8(ctx, shard_shape):
+        """(this rank's MXFP8 shard, the expected gather) after two agreed calls: the group is fused."""
+        full = full_tensor(ctx, shard_shape, torch.bfloat16, ctx.gen())
         q = formats.quantize(shard_of(ctx, full).to(ctx.device), "mxfp8")
         want = formats.quantize(full, "mxfp8")
         for _ in range(2):
             assert_same(all_gather(q, ctx.group), want)
         assert state(ctx).fused()
+        return q, want
+
+    def local_failure(ctx):
+        """A fused call that fails on one rank after posting (building its result): that rank raises its
+        own error with its record buffers back in the pool, the others get exact results, the group
+        stays fused and in step."""
+        q, want = fused_mxfp8(ctx, (64, 64))
         pool = pyxfer.gather._free_record_buffers.get((torch.device(ctx.device), ctx.world))
         free = None if pool is None else len(pool)
         original = pyxfer.gather._build_qt
@@ -642,6 +647,40 @@ def fused_cases():
         assert_same(all_gather(q, ctx.group), want)
         in_step(ctx)
     out.append(("fused-local-failure-after-posting", local_failure))
+
+    def failure_before_posting(ctx):
+        """A fused call that fails on one rank before posting (allocating its result, as when out of
+        memory): that rank posts scratch buffers with an error record and raises its own error, the
+        others raise a ValueError naming it (nobody hangs); the group stays fused and in step."""
+        q, want = fused_mxfp8(ctx, (64, 96))
+        original = pyxfer.gather._quantized_parts
+
+        def failing(*args, **kwargs):
+            raise torch.OutOfMemoryError("injected allocation failure")
+        for asyn in (False, True):
+            pyxfer.gather._quantized_parts = failing if ctx.rank == 0 else original
+            try:
+                with scratch_posts() as seen:
+                    try:
+                        gather(ctx, q, async_op=asyn)
+                    except (torch.OutOfMemoryError, ValueError) as e:
+                        err = e
+                    else:
+                        raise AssertionError("no error raised")
+            finally:
+                pyxfer.gather._quantized_parts = original
+            if ctx.rank == 0:
+                assert isinstance(err, torch.OutOfMemoryError) and "injected" in str(err), err
+                assert seen == [2], seen  # the agreed layout: rowwise data and scales
+            else:
+                assert isinstance(err, ValueError) and "rank 0" in str(err) and "failed before sending" in str(err), err
+                assert seen == [], seen
+            assert state(ctx).fused()  # errors change no state
+            with scratch_posts() as seen:
+                assert_same(all_gather(q, ctx.group), want)
+            assert seen == []
+        in_step(ctx)
+    out.append(("fused-local-failure-before-posting", failure_before_posting))
 
     variants = {  # name: (rank 0's input, the others' input, words of the error)
         "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
@@ -683,9 +722,30 @@ def fused_cases():
     return out
 
 
+def stream_cases():
+    """The waiting protocol writes the record's device values (NVFP4 amax, PXH64 of the sent bytes) on a
+    side stream, which must wait for the caller's stream, where they are made: each call here is queued
+    behind a long kernel on the caller's stream (CUDA) and its data differ from the previous call's."""
+    def run(ctx):
+        gen, spec = ctx.gen(), formats.QuantizeSpec("nvfp4")  # global amax from the records: never fused
+        full = full_tensor(ctx, (32, 64), torch.bfloat16, gen, spread=True)
+        x = shard_of(ctx, full).to(ctx.device)
+        for i in range(4):
+            plain = full_tensor(ctx, (8 + i, 24), torch.float32, gen)  # a new signature: not fused
+            y = shard_of(ctx, plain).to(ctx.device)
+            if str(ctx.device).startswith("cuda"):
+                torch.cuda._sleep(20_000_000)  # what follows runs late on the caller's stream
+            scale = 2.0 ** i  # exact: the amax differs from call to call
+            assert_same(all_gather(x * scale, ctx.group, quantize_as=spec), spec.quantize(full * scale), f"nvfp4 {i}")
+            if str(ctx.device).startswith("cuda"):
+                torch.cuda._sleep(20_000_000)
+            assert_same(all_gather(y * scale, ctx.group, verify=True), plain * scale, f"verify {i}")
+    return [("records-wait-for-the-caller-stream", run)]
+
+
 def cases(world):
     out = plain_cases() + matrix_cases() + quantized_cases() + fault_cases() + mismatch_cases() + \
-        fused_cases()
+        fused_cases() + stream_cases()
     return [(n, f) for n, f in out if world > 2 or n != "plain-subgroup-of-2"]
 
 
