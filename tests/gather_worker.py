@@ -727,18 +727,21 @@ def stream_cases():
     side stream, which must wait for the caller's stream, where they are made: each call here is queued
     behind a long kernel on the caller's stream (CUDA) and its data differ from the previous call's."""
     def run(ctx):
+        on_cuda = str(ctx.device).startswith("cuda")
+
+        def stall():  # what follows runs late on the caller's stream
+            if on_cuda:
+                torch.cuda._sleep(20_000_000)
         gen, spec = ctx.gen(), formats.QuantizeSpec("nvfp4")  # global amax from the records: never fused
         full = full_tensor(ctx, (32, 64), torch.bfloat16, gen, spread=True)
         x = shard_of(ctx, full).to(ctx.device)
         for i in range(4):
             plain = full_tensor(ctx, (8 + i, 24), torch.float32, gen)  # a new signature: not fused
             y = shard_of(ctx, plain).to(ctx.device)
-            if str(ctx.device).startswith("cuda"):
-                torch.cuda._sleep(20_000_000)  # what follows runs late on the caller's stream
             scale = 2.0 ** i  # exact: the amax differs from call to call
+            stall()
             assert_same(all_gather(x * scale, ctx.group, quantize_as=spec), spec.quantize(full * scale), f"nvfp4 {i}")
-            if str(ctx.device).startswith("cuda"):
-                torch.cuda._sleep(20_000_000)
+            stall()
             assert_same(all_gather(y * scale, ctx.group, verify=True), plain * scale, f"verify {i}")
     return [("records-wait-for-the-caller-stream", run)]
 
