@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
 #include <cstring>
 
 #include "pyxfer/launch.h"
 #include "pyxfer/pxh64.h"
+#include "pyxfer/resident_blocks.h"
 
 namespace pyxfer {
 namespace {
@@ -226,27 +226,6 @@ __global__ void __launch_bounds__(kThreads)
   add_block_sum(sum, acc, blocks_done, out_hash, n, 0);
 }
 
-// A grid of exactly the blocks of Kernel (kThreads each) that fit on the device at once (no ragged
-// last wave). Cached per kernel and device ordinal; the launch runs on the current device (the
-// binding's guard).
-template <auto Kernel>
-uint64_t max_resident_blocks() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 1;
-  int blocks = cache[device].load(std::memory_order_relaxed);
-  if (blocks == 0) {
-    int sms = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0) != cudaSuccess)
-      return 1;  // the caller's cudaGetLastError() reports the failure
-    blocks = sms * (per_sm > 0 ? per_sm : 1);
-    cache[device].store(blocks, std::memory_order_relaxed);
-  }
-  return uint64_t(blocks);
-}
-
 }  // namespace
 
 cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
@@ -255,7 +234,7 @@ cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_byt
     return cudaErrorInvalidValue;
   uint64_t blocks = (num_bytes / 16 / kUnroll + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  const uint64_t max_blocks = max_resident_blocks<copy_pxh64_kernel>();
+  const uint64_t max_blocks = max_resident_blocks<copy_pxh64_kernel, kThreads>();
   if (blocks > max_blocks) blocks = max_blocks;
   copy_pxh64_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
       dst, src, num_bytes, fault, reinterpret_cast<unsigned long long*>(acc), blocks_done, out_hash);
@@ -276,7 +255,7 @@ cudaError_t launch_pxh64(const void* data, uint64_t num_bytes, uint64_t word_off
   const uint64_t work = plan.num_vectors / kUnroll + (plan.num_words - plan.tail_begin);
   uint64_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  const uint64_t max_blocks = max_resident_blocks<pxh64_kernel>();
+  const uint64_t max_blocks = max_resident_blocks<pxh64_kernel, kThreads>();
   if (blocks > max_blocks) blocks = max_blocks;
   pxh64_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
       plan, reinterpret_cast<unsigned long long*>(acc), blocks_done, out_hash, hash_bytes);

@@ -16,7 +16,8 @@
 //
 // Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
 // per thread, all loads issued first (16-byte or 8-byte loads, 16-byte stores); transposed data
-// (FP8-block and NVFP4 columnwise) goes through a 128x128 shared tile.
+// (FP8-block and NVFP4 columnwise) goes through shared tiles of 128 rows x 128 bytes, filled by a
+// cp.async pipeline in persistent CTAs (dequantize_transposed_kernel).
 //
 // NOTE: every product that formats.h rounds on its own goes through fmt::mul_rn (no FMA contraction).
 #include <cuda_bf16.h>
@@ -25,10 +26,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "pyxfer/formats.h"
 #include "pyxfer/formats_launch.h"
+#include "pyxfer/resident_blocks.h"
 
 namespace pyxfer {
 namespace {
@@ -890,91 +893,106 @@ __global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const Deq
   store_out4<Out>(p.out, i, r, 1, false);
 }
 
-// Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K]: one CTA per
-// 128 (k) x kHalves * 128 (m) tile, staged as bytes in shared memory, written as coalesced output rows.
-// NVFP4 takes two 128-row halves per tile, so that each data row's slice is 128 bytes (one full line)
-// rather than 64; each half is decoded like a 128 x 128 tile. CTAs per SM: NVFP4 fits 8 in 32 registers
-// (66% of the copy against 60% at 6, RESULTS run I); FP8 spills at 8 and runs slower at 4 than at 6.
+// Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K], in tiles of
+// 128 (k) x 128 bytes of each data row (128 values of m for FP8, 256 for NVFP4), written as coalesced
+// output rows. Persistent CTAs walk the tiles and stage them in shared memory through a kStages-deep
+// cp.async pipeline, so that the next tiles' loads are in flight while one is decoded and stored (with
+// one tile per CTA, load, barrier, then decode: the kernel was latency-bound at 61% of the copy,
+// DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
+// 32 for NVFP4), lane l its columns 4l .. 4l + 3.
+constexpr int kTransposedStages = 3;
+constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 KB of shared memory
+constexpr int kTransposedUnits = kTile / 16;  // 16-byte units per tile row
+
+// Units of tile row c are XOR-permuted so that the 8 lanes of a quarter warp, which read one unit of
+// 8 different rows (4 rows apart) or write the 8 units of one row, hit 8 different bank groups.
+__device__ __forceinline__ int unit_swizzle(int c) { return (c >> 2) & (kTransposedUnits - 1); }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
+
+// Queues the loads of tile `t` into `stage`; bytes outside the data read as zero. `async_loads`: rows
+// of 16-byte multiples at a 16-byte aligned base (units fully in or out), else byte loads.
 template <DFmt F>
-__host__ __device__ constexpr int transposed_halves() { return F == DFmt::kNvfp4 ? 2 : 1; }
-
-template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads, F == DFmt::kNvfp4 ? 8 : 6) dequantize_transposed_kernel(const DequantParams p, bool word_loads) {
-  constexpr bool kFp4 = F == DFmt::kNvfp4;
-  constexpr int kHalves = transposed_halves<F>();
-  constexpr int kHalfWords = kFp4 ? 16 : 32;      // words per tile row and half (128 elements along m)
-  constexpr int kWords = kHalves * kHalfWords;    // words per tile row (one k)
-  __shared__ uint32_t tile[kTile * kWords];
-
-  const int64_t mt = blockIdx.x / p.tiles_k, kt = blockIdx.x % p.tiles_k;
-  const int64_t m0 = mt * kHalves * kTile, k0 = kt * kTile;
-  const int64_t row_bytes = kFp4 ? p.m / 2 : p.m;  // bytes per data row (one k)
-  const int64_t byte0 = kFp4 ? m0 / 2 : m0;
-
+__device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int64_t t, uint4* stage, bool async_loads) {
+  const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
+  const int64_t k0 = (t % p.tiles_k) * kTile, byte0 = (t / p.tiles_k) * kTile;
 #pragma unroll
-  for (int n = 0; n < kTile * kWords / kThreads; ++n) {
+  for (int n = 0; n < kTile * kTransposedUnits / kThreads; ++n) {
     const int idx = n * kThreads + threadIdx.x;
-    const int c = idx / kWords, q = idx % kWords;
-    const int64_t kk = k0 + c, off = byte0 + 4 * q;
-    uint32_t w = 0;
-    if (kk < p.k) {
-      const uint8_t* src = p.data + kk * row_bytes;
-      if (word_loads) {
-        if (off < row_bytes) w = __ldcs(reinterpret_cast<const unsigned int*>(src + off));
-      } else {
+    const int c = idx / kTransposedUnits, u = idx % kTransposedUnits;
+    const int64_t kk = k0 + c, off = byte0 + 16 * u;
+    uint4* dst = stage + c * kTransposedUnits + (u ^ unit_swizzle(c));
+    const bool inside = kk < p.k && off < row_bytes;
+    if (async_loads) {
+      cp_async16(dst, inside ? p.data + kk * row_bytes + off : p.data, inside ? 16 : 0);
+    } else {
+      uint32_t w[4] = {0, 0, 0, 0};
+      if (kk < p.k) {
+        const uint8_t* src = p.data + kk * row_bytes;
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (off + u < row_bytes) w |= uint32_t(src[off + u]) << (8 * u);
+        for (int b = 0; b < 16; ++b)
+          if (off + b < row_bytes) w[b / 4] |= uint32_t(src[off + b]) << (8 * (b % 4));
       }
+      *dst = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    tile[c * kWords + (q ^ swizzle<kWords>(c))] = w;
   }
-  __syncthreads();
+}
 
+// Decodes and stores this thread's part of tile `t` from `stage`.
+template <DFmt F, typename Out>
+__device__ __forceinline__ void store_transposed_tile(const DequantParams& p, int64_t t, const uint4* stage) {
+  constexpr bool kFp4 = F == DFmt::kNvfp4;
+  constexpr int kRowsPerWord = kFp4 ? 8 : 4;  // values of m in one 32-bit word of a data row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t kc = k0 + 4 * lane;  // this thread's 4 columns of out
-  const int count = kc >= p.k ? 0 : (p.k - kc >= 4 ? 4 : int(p.k - kc));
-  if (count == 0) return;
+  const int64_t mt = t / p.tiles_k, kt = t % p.tiles_k;
+  const int64_t first_row = mt * (kFp4 ? 2 * kTile : kTile) + warp * 4 * kRowsPerWord;  // this warp's rows
+  const int64_t kc = kt * kTile + 4 * lane;  // this thread's 4 columns of out
+  if (first_row >= p.m || kc >= p.k) return;
+  const int count = p.k - kc >= 4 ? 4 : int(p.k - kc);
   const bool vec = p.k % 4 == 0;
-  // A tile word holds kRowsPerWord consecutive rows of one column: each of the 4 column words is read
-  // once per group of rows and decoded two rows at a time (FP8: two codes per conversion).
-  constexpr int kRowsPerWord = kFp4 ? 8 : 4;
+  uint4 v[4];
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    const int64_t first_row = m0 + h * kTile + warp * 16;  // the warp's 16 rows of this half
-    if (first_row >= p.m) return;
-    const int64_t mb = mt * kHalves + h;  // 128-row block of these rows
+  for (int j = 0; j < 4; ++j) {
+    const int c = 4 * lane + j;
+    v[j] = stage[c * kTransposedUnits + (warp ^ unit_swizzle(c))];
+  }
+  // NVFP4: two 16-row scale blocks per warp; FP8 block: one factor per column for all 16 rows.
+#pragma unroll
+  for (int b = 0; b < (kFp4 ? 2 : 1); ++b) {
+    if (first_row + 16 * b >= p.m) return;
     float factor[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       factor[j] = 0.0f;
       if (j >= count) continue;
-      if (F == DFmt::kFp8Block1d) factor[j] = static_cast<const float*>(p.scale)[mb * p.scale_cols + kc + j];
-      if (F == DFmt::kFp8Block2d) factor[j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mb];
-      if (F == DFmt::kNvfp4)  // the warp's 16 rows are one 16-row block
-        factor[j] = fmt::nvfp4_decode_factor(static_cast<const uint8_t*>(p.scale)[(kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen], *p.amax);
+      if (F == DFmt::kFp8Block1d) factor[j] = static_cast<const float*>(p.scale)[mt * p.scale_cols + kc + j];
+      if (F == DFmt::kFp8Block2d) factor[j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mt];
+      if (F == DFmt::kNvfp4)
+        factor[j] = fmt::nvfp4_decode_factor(
+            static_cast<const uint8_t*>(p.scale)[(kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen + b], *p.amax);
     }
 #pragma unroll
-    for (int g = 0; g < 16 / kRowsPerWord; ++g) {
-      const int q = h * kHalfWords + (warp * 16 + g * kRowsPerWord) / kRowsPerWord;  // tile word of these rows
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = 4 * lane + j;
-        w[j] = tile[c * kWords + (q ^ swizzle<kWords>(c))];
-      }
+    for (int q = 0; q < 4 / (kFp4 ? 2 : 1); ++q) {  // words of the block
+      const int word = b * 2 + q;
 #pragma unroll
       for (int r = 0; r < kRowsPerWord; r += 2) {
         float out0[4], out1[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+          const uint32_t w = word_of(v[j], word);
           float2 d;
-          if (kFp4) d = make_float2(decode_e2m1_fast(w[j] >> (4 * r)), decode_e2m1_fast(w[j] >> (4 * r + 4)));
-          else d = decode_fp8x2(w[j] >> (8 * r), p.kind);
+          if (kFp4) d = make_float2(decode_e2m1_fast(w >> (4 * r)), decode_e2m1_fast(w >> (4 * r + 4)));
+          else d = decode_fp8x2(w >> (8 * r), p.kind);
           out0[j] = fmt::mul_rn(d.x, factor[j]);
           out1[j] = fmt::mul_rn(d.y, factor[j]);
         }
-        const int64_t m = first_row + g * kRowsPerWord + r;
+        const int64_t m = first_row + word * kRowsPerWord + r;
         if (m >= p.m) return;
         store_out4<Out>(p.out, m * p.k + kc, out0, count, vec);
         if (m + 1 >= p.m) return;
@@ -985,15 +1003,38 @@ __global__ void __launch_bounds__(kThreads, F == DFmt::kNvfp4 ? 8 : 6) dequantiz
 }
 
 template <DFmt F, typename Out>
+__global__ void __launch_bounds__(kThreads, kTransposedMinBlocks) dequantize_transposed_kernel(const DequantParams p, int64_t tiles, bool async_loads) {
+  __shared__ uint4 stages[kTransposedStages][kTile * kTransposedUnits];
+  const int64_t stride = gridDim.x;
+  int64_t next = blockIdx.x;  // next tile to load
+#pragma unroll
+  for (int s = 0; s + 1 < kTransposedStages; ++s, next += stride) {
+    if (next < tiles) load_transposed_tile<F>(p, next, stages[s], async_loads);
+    cp_async_commit();  // one group per stage, empty or not, so that the wait below counts right
+  }
+  int stage = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += stride, next += stride) {
+    // The stage loaded here was last read in the previous iteration, before its closing barrier.
+    if (next < tiles) load_transposed_tile<F>(p, next, stages[(stage + kTransposedStages - 1) % kTransposedStages], async_loads);
+    cp_async_commit();
+    cp_async_wait<kTransposedStages - 1>();  // this thread's copies of tile t have landed
+    __syncthreads();                          // and everyone else's
+    store_transposed_tile<F, Out>(p, t, stages[stage]);
+    __syncthreads();
+    stage = (stage + 1) % kTransposedStages;
+  }
+}
+
+template <DFmt F, typename Out>
 cudaError_t launch_dequantize_typed(DequantParams p, cudaStream_t stream) {
   const bool transposed = p.columnwise && F != DFmt::kMxfp8;
   if (transposed) {
     p.tiles_k = fmt::cdiv(p.k, kTile);
-    const int64_t tiles = fmt::cdiv(p.m, int64_t(transposed_halves<F>()) * kTile) * p.tiles_k;
-    if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
     const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
-    const bool word_loads = row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(p.data) % 4 == 0;
-    dequantize_transposed_kernel<F, Out><<<unsigned(tiles), kThreads, 0, stream>>>(p, word_loads);
+    const int64_t tiles = fmt::cdiv(row_bytes, int64_t(kTile)) * p.tiles_k;
+    const bool async_loads = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % 16 == 0;
+    const int64_t grid = std::min<int64_t>(tiles, max_resident_blocks<dequantize_transposed_kernel<F, Out>, kThreads>());
+    dequantize_transposed_kernel<F, Out><<<unsigned(grid), kThreads, 0, stream>>>(p, tiles, async_loads);
     return cudaGetLastError();
   }
   const unsigned align = F == DFmt::kNvfp4 ? 8 : 16;
