@@ -182,6 +182,16 @@ def test_dequantize_native_ops_on_cuda_with_hand_made_buffers(gen):
         assert_tensors_bitwise_equal(f"dequantize_nvfp4 {od}", c, g)
 
 
+def assert_every_format_cpu_equals_cuda(what, x, nvfp4_global_amax):
+    """x (on the CPU) quantized with both usages in every format and FP8 dtype, on the CPU and on cuda."""
+    xg = x.cuda()
+    for fmt in FORMATS:
+        for fp8 in fp8_choices(fmt):
+            opts = {"global_amax": nvfp4_global_amax} if fmt == "nvfp4" else {}
+            assert_qt_equal(f"{fmt} {x.dtype} {fp8} {what}", quantize(x, fmt, "both", fp8, **opts),
+                            quantize(xg, fmt, "both", fp8, **opts))
+
+
 def test_nan_and_inf_inputs_cpu_equals_cuda(gen):
     """Not specified bit-exactly by the spec (§9), but CPU and CUDA must still agree."""
     for dtype in IN_DTYPES:
@@ -191,12 +201,27 @@ def test_nan_and_inf_inputs_cpu_equals_cuda(gen):
         x[2, 130] = -float("inf")
         x[40, 9] = float("nan")
         x[5, 200] = -0.0
-        xg = x.cuda()
-        for fmt in FORMATS:
-            for fp8 in fp8_choices(fmt):
-                opts = {"global_amax": 100.0} if fmt == "nvfp4" else {}
-                assert_qt_equal(f"{fmt} {dtype} {fp8} nan/inf", quantize(x, fmt, "both", fp8, **opts),
-                                quantize(xg, fmt, "both", fp8, **opts))
+        assert_every_format_cpu_equals_cuda("nan/inf", x, 100.0)
+
+
+def test_amax_edge_blocks_cpu_equals_cuda(gen):
+    """16-bit inputs take their |x| maxima two values per instruction on the GPU: blocks and tiles that
+    are all NaN (the amax of a NaN-only group is +0, as the fp32 chain from +0 gives), all
+    subnormal, all -0 or mixed NaN / subnormal must still agree with the CPU."""
+    for dtype in IN_DTYPES:
+        x = make_input((256, 384), dtype, gen, span=(-2, 2))
+        tiny = torch.finfo(dtype).smallest_normal
+        x[0:128, 0:128] = float("nan")                       # a whole 128x128 tile (every usage, every block)
+        x[130, 128:256] = float("nan")                       # a whole 1x128 row block
+        x[128:256, 300] = float("nan")                       # a whole 128-row column block
+        x[140, 256:288] = -0.0                               # a 32-element (MXFP8) row block of -0
+        sub = make_input((32, 64), dtype, gen, span=(-1, 1)) * tiny / 4
+        x[160:192, 320:384] = sub.to(dtype)                  # subnormal-only blocks of every format
+        x[200, 256:384] = (make_input((128,), dtype, gen, span=(-1, 1)) * tiny / 4).to(dtype)
+        x[200, 260] = float("nan")                           # NaN among subnormals
+        block = x[160:192, 320:384].float().abs()
+        assert torch.count_nonzero((block < tiny) & (block > 0)) > 300, "subnormals were not made"
+        assert_every_format_cpu_equals_cuda("edge blocks", x, 4.0)
 
 
 def test_zero_size_on_cuda():

@@ -8,8 +8,10 @@
 // or 8 (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
 // rows [16w, 16w+8) and [16w+8, 16w+16). Each thread therefore holds NI = 64/V consecutive rows of V
 // consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
-// over NI rows in registers and then over row groups through shared memory. Transposed columnwise
-// outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced rows.
+// over NI rows in registers and then over row groups through shared memory (FP8 block and MXFP8 take
+// the |x| maxima of 16-bit inputs on the packed words, two per instruction: packed_max). Transposed
+// columnwise outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced
+// rows; row-major FP8 codes leave as words (encode_fp8_words).
 // NVFP4 has no E2M1 conversion instruction below SM 100, so its per-element work is kept small: the
 // code comes from three rounded lines (e2m1_code_bits), and each block's scale is derived once (the
 // lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory).
@@ -52,6 +54,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 struct F32 {
   using Raw = float;
   static constexpr int kVec = 4;  // elements per 16 bytes
+  static constexpr bool kPacked = false;  // no two-values-per-instruction max (see packed_max)
   __device__ static float get(const uint4& v, int j) { return __uint_as_float(word_of(v, j)); }
   __device__ static uint32_t raw_bits(const void* p, int64_t i) {
     return __float_as_uint(static_cast<const float*>(p)[i]);
@@ -60,6 +63,7 @@ struct F32 {
 
 struct Bf16 {
   static constexpr int kVec = 8;
+  static constexpr bool kPacked = true;
   __device__ static float from_bits(uint32_t b) { return __uint_as_float(b << 16); }
   __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
   __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
@@ -73,6 +77,7 @@ struct Bf16 {
 
 struct F16 {
   static constexpr int kVec = 8;
+  static constexpr bool kPacked = true;
   __device__ static float from_bits(uint32_t b) { return __half2float(__ushort_as_half(static_cast<unsigned short>(b))); }
   __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
   __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
@@ -82,6 +87,24 @@ struct F16 {
     return uint32_t(__half_as_ushort(h.x)) | uint32_t(__half_as_ushort(h.y)) << 16;
   }
 };
+
+// 16-bit inputs (In::kPacked): |x| maxima are taken on the packed words, two values per instruction
+// (abs2: the sign bits cleared; packed_max: max.bf16x2 / max.f16x2, which drop a NaN operand as fmaxf
+// does and give a NaN only when both are; kAbs: max.xorsign.abs, |a| and |b| taken by the instruction,
+// the sign the XOR of theirs, SM 86+). The max of two values converts to fp32 exactly, so the amax is
+// the same; callers finish with fmaxf(a, 0) so that an all-NaN group gives +0, as the fp32 chain from
+// +0 does.
+__device__ __forceinline__ uint32_t abs2(uint32_t w) { return w & 0x7FFF7FFFu; }
+
+template <typename In, bool kAbs = false>
+__device__ __forceinline__ uint32_t packed_max(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if constexpr (std::is_same<In, Bf16>::value && kAbs) asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else if constexpr (std::is_same<In, Bf16>::value) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else if constexpr (kAbs) asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 
 // The 16-byte vector of row `row`, columns [col, col + V) of x [m, k]; zeros outside the matrix.
 // kVecOk: x is 16-byte aligned and k % V == 0, so a vector is either fully inside or fully outside.
@@ -144,6 +167,19 @@ __device__ __forceinline__ float row_abs_max(const float (&r)[V]) {
 #pragma unroll
   for (int j = 1; j < V; ++j) a = fmaxf(a, fmt::abs_f(r[j]));
   return fmaxf(a, 0.0f);
+}
+
+// The same from the packed words of a 16-bit row vector (In::kPacked). On SM 86+ with
+// max.xorsign.abs, which also keeps the compiler from sharing abs2 words with the column amax,
+// computed before the barrier (they would be live, and spilled, across it).
+template <typename In>
+__device__ __forceinline__ float row_abs_max_packed(const uint4& raw) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+  const uint32_t m = abs2(packed_max<In, true>(packed_max<In, true>(raw.x, raw.y), packed_max<In, true>(raw.z, raw.w)));
+#else
+  const uint32_t m = packed_max<In>(packed_max<In>(abs2(raw.x), abs2(raw.y)), packed_max<In>(abs2(raw.z), abs2(raw.w)));
+#endif
+  return fmaxf(fmaxf(In::from_bits(m & 0xFFFFu), In::from_bits(m >> 16)), 0.0f);
 }
 
 // fmt::encode_e2m1 of c (|c| <= 6, the caller clamps) as the fp32 bits 0x4B000000 + magnitude code,
@@ -232,23 +268,27 @@ __device__ __forceinline__ T* opaque(T* x) {
 template <int kWords>
 __device__ __forceinline__ int swizzle(int c) { return (c >> 2) & (kWords - 1); }
 
-// Stores V bytes (V = 4 or 8) of row-major byte data at dst[offset]; `vec` when offset % V == 0.
+// The FP8 codes of y[0..V) (V = 4 or 8) as V / 4 words, code j in byte j % 4 of word j / 4: two
+// conversions of two values each, joined by one byte permute.
 template <int V>
-__device__ __forceinline__ void store_bytes(uint8_t* dst, int64_t offset, const uint8_t (&b)[V], int valid, bool vec) {
+__device__ __forceinline__ void encode_fp8_words(const float (&y)[V], Fp8Kind kind, uint32_t (&w)[V / 4]) {
+#pragma unroll
+  for (int q = 0; q < V / 4; ++q)
+    w[q] = __byte_perm(encode_fp8x2(y[4 * q], y[4 * q + 1], kind), encode_fp8x2(y[4 * q + 2], y[4 * q + 3], kind), 0x5410);
+}
+
+// Stores the first `valid` of V bytes (encode_fp8_words) at dst; one store when `vec` (dst V-aligned)
+// and all V are valid.
+template <int V>
+__device__ __forceinline__ void store_fp8_words(uint8_t* dst, const uint32_t (&w)[V / 4], int valid, bool vec) {
   if (vec && valid == V) {
-    if (V == 4) {
-      *reinterpret_cast<uint32_t*>(dst + offset) = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
-    } else {
-      uint2 w;
-      w.x = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
-      w.y = uint32_t(b[4 % V]) | uint32_t(b[5 % V]) << 8 | uint32_t(b[6 % V]) << 16 | uint32_t(b[7 % V]) << 24;
-      *reinterpret_cast<uint2*>(dst + offset) = w;
-    }
+    if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+    else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[V / 4 - 1]);
     return;
   }
 #pragma unroll
   for (int j = 0; j < V; ++j)
-    if (j < valid) dst[offset + j] = b[j];
+    if (j < valid) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
 }
 
 // CTAs per SM the register budget is sized for: 3 (<= 80 registers) where that fits without spills
@@ -298,9 +338,13 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
+  // FP8 block and MXFP8 take the |x| maxima of 16-bit inputs from the packed words (packed_max). NVFP4
+  // keeps fp32 maxima: its values are unpacked for the multiply anyway, |x| is then a free operand
+  // modifier, and the packed form measured slower for its columnwise usage.
+  constexpr bool kPackedAmax = In::kPacked && F != QFmt::kNvfp4;
   float v[NI][V];
+  uint4 raw[NI];
   {
-    uint4 raw[NI];
     if (kVecOk) {  // one base address, a 64-bit add per row
       const int64_t stride = p.k * (16 / V);  // bytes per row of x
       const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
@@ -322,11 +366,22 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 
   // Column amax over this thread's NI rows (zeros outside the matrix do not change an amax).
   float cpart[V];
+  if constexpr (kPackedAmax) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    cpart[j] = 0.0f;
+    for (int w = 0; w < V / 2; ++w) {
+      uint32_t m = abs2(word_of(raw[0], w));
 #pragma unroll
-    for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], F == QFmt::kNvfp4 ? fabsf(v[i][j]) : fmt::abs_f(v[i][j]));
+      for (int i = 1; i < NI; ++i) m = packed_max<In>(m, abs2(word_of(raw[i], w)));
+      cpart[2 * w] = fmaxf(In::from_bits(m & 0xFFFFu), 0.0f);
+      cpart[2 * w + 1] = fmaxf(In::from_bits(m >> 16), 0.0f);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      cpart[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], F == QFmt::kNvfp4 ? fabsf(v[i][j]) : fmt::abs_f(v[i][j]));
+    }
   }
   if (F == QFmt::kFp8Block2d) {
     float a = cpart[0];
@@ -407,8 +462,12 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       float a = 0.0f;
+      if constexpr (kPackedAmax) {
+        a = row_abs_max_packed<In>(raw[i]);
+      } else {
 #pragma unroll
-      for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
+        for (int j = 0; j < V; ++j) a = fmaxf(a, fmt::abs_f(v[i][j]));
+      }
 #pragma unroll
       for (int offset = kLanesPerRow / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
       if (mine == i) amax_mine = a;
@@ -473,28 +532,30 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // ---- rowwise (FP8 block, MXFP8): blocks of kBlock elements along K = kBlock / V lanes.
   if (F != QFmt::kNvfp4 && (rowwise || (F == QFmt::kMxfp8 && columnwise))) {
     const bool vec_store = p.k % V == 0;
+    // Row i's bytes at base + i * k (a 64-bit add per row, as the loads): rowwise and MXFP8 columnwise data.
+    const int64_t first = (m0 + row0) * p.k + gc;
+    uint8_t* row_base = rowwise ? opaque(p.row_data + first) : nullptr;
+    uint8_t* col_base = F == QFmt::kMxfp8 && columnwise ? opaque(p.col_data + first) : nullptr;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       const int64_t row = m0 + row0 + i;
+      const bool valid = i < rows_here && col_valid > 0;
       if (F == QFmt::kMxfp8 && columnwise) {
-        uint8_t b[V];
+        float y[V];
 #pragma unroll
-        for (int j = 0; j < V; j += 2) {
-          const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], mx_col_multiplier[j]),
-                                            fmt::mul_rn(v[i][j + 1], mx_col_multiplier[j + 1]), p.kind);
-          b[j] = uint8_t(two);
-          b[j + 1] = uint8_t(two >> 8);
-        }
-        if (row < p.m && col_valid > 0) store_bytes<V>(p.col_data, row * p.k + gc, b, col_valid, true);
+        for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], mx_col_multiplier[j]);
+        uint32_t w[V / 4];
+        encode_fp8_words<V>(y, p.kind, w);
+        if (valid) store_fp8_words<V>(col_base + i * p.k, w, col_valid, true);
       }
       if (!rowwise) continue;
       float a = 0.0f;
       if (F == QFmt::kMxfp8) {
-        a = row_abs_max(v[i]);
+        if constexpr (kPackedAmax) a = row_abs_max_packed<In>(raw[i]);
+        else a = row_abs_max(v[i]);
 #pragma unroll
         for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
       }
-      const bool valid = row < p.m && col_valid > 0;
       float multiplier;
       if (F == QFmt::kMxfp8) {
         const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
@@ -505,14 +566,12 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       } else {
         multiplier = tile_scale;
       }
-      uint8_t b[V];
+      float y[V];
 #pragma unroll
-      for (int j = 0; j < V; j += 2) {
-        const uint32_t two = encode_fp8x2(fmt::mul_rn(v[i][j], multiplier), fmt::mul_rn(v[i][j + 1], multiplier), p.kind);
-        b[j] = uint8_t(two);
-        b[j + 1] = uint8_t(two >> 8);
-      }
-      if (valid) store_bytes<V>(p.row_data, row * p.k + gc, b, col_valid, vec_store);
+      for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], multiplier);
+      uint32_t w[V / 4];
+      encode_fp8_words<V>(y, p.kind, w);
+      if (valid) store_fp8_words<V>(row_base + i * p.k, w, col_valid, vec_store);
     }
   }
 
