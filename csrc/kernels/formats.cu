@@ -4,7 +4,7 @@
 //
 // Quantize: one CTA (256 threads) per 128x128 tile of the [M, K] input, read once with 16-byte loads
 // into registers (64 values per thread), producing the rowwise and the columnwise outputs in the same
-// pass. Thread layout of a tile: warp w owns rows [16w, 16w+16); a 16-byte vector holds V = 4 (fp32)
+// pass; the tiles wholly inside the input launch apart from the edge tiles, without bounds checks. Thread layout of a tile: warp w owns rows [16w, 16w+16); a 16-byte vector holds V = 4 (fp32)
 // or 8 (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
 // rows [16w, 16w+8) and [16w+8, 16w+16). Each thread therefore holds NI = 64/V consecutive rows of V
 // consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
@@ -303,9 +303,31 @@ constexpr int quantize_min_blocks() {
 #endif
 }
 
-template <QFmt F, typename In, bool kVecOk>
+// The tile (mt, kt) of CTA `b` of a launch: kInterior, the full_m x full_k tiles that lie wholly
+// inside x (row-major); else the others, first the tiles of the last (partial) tile column above the
+// last tile row, then the last (partial) tile row. full_m = full_k = 0 makes the second list every tile.
+template <bool kInterior>
+__device__ __forceinline__ void quantize_tile_of(const QuantParams& p, int64_t full_m, int64_t full_k, int64_t b,
+                                                 int64_t& mt, int64_t& kt) {
+  if (kInterior) {
+    mt = b / full_k, kt = b % full_k;
+    return;
+  }
+  const int64_t cols = p.tiles_k - full_k;  // partial tile columns: 0 or 1 (all of them when full_k = 0)
+  if (cols > 0 && b < full_m * cols) {
+    mt = b / cols, kt = full_k + b % cols;
+    return;
+  }
+  b -= full_m * cols;
+  mt = full_m + b / p.tiles_k, kt = b % p.tiles_k;
+}
+
+// kInterior: every CTA's tile lies wholly inside x and x takes 16-byte loads (kVecOk), so that the
+// bounds checks of every load and store fold away at compile time (launched separately from the edge tiles).
+template <QFmt F, typename In, bool kVecOk, bool kInterior>
 __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>())
-    quantize_tile_kernel(const QuantParams p) {
+    quantize_tile_kernel(const QuantParams p, int64_t full_m, int64_t full_k) {
+  static_assert(kVecOk || !kInterior, "interior tiles take 16-byte loads");
   constexpr int V = In::kVec;
   constexpr int kLanesPerRow = kTile / V;  // 32 or 16
   constexpr int kGroupsPerWarp = 32 / kLanesPerRow;
@@ -327,17 +349,18 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = warp * 16 + (lane / kLanesPerRow) * NI;  // first tile row of this thread
   const int col0 = (lane % kLanesPerRow) * V;               // first tile column of this thread
-  const int64_t mt = blockIdx.x / p.tiles_k, kt = blockIdx.x % p.tiles_k;
+  int64_t mt, kt;
+  quantize_tile_of<kInterior>(p, full_m, full_k, blockIdx.x, mt, kt);
   const int64_t m0 = mt * kTile, k0 = kt * kTile;
   const int64_t gc = k0 + col0;  // first global column of this thread
-  const int col_valid = gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
+  const int col_valid = kInterior ? V : gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
   const bool rowwise = p.row_data != nullptr, columnwise = p.col_data != nullptr;
   // NVFP4: slot i of v holds tile row row0 + (i ^ perm), so that the kOwnRows rows whose block scales
   // this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane parity).
   const int perm = F == QFmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
-  const int rows_here = int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
+  const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
   // FP8 block and MXFP8 take the |x| maxima of 16-bit inputs from the packed words (packed_max). NVFP4
   // keeps fp32 maxima: its values are unpacked for the multiply anyway, |x| is then a free operand
   // modifier, and the packed form measured slower for its columnwise usage.
@@ -352,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       for (int i = 0; i < NI; ++i) {
         const int r = i ^ perm;
         raw[i] = make_uint4(0, 0, 0, 0);
-        if (r < rows_here && gc < p.k) raw[i] = __ldcs(reinterpret_cast<const uint4*>(base + r * stride));
+        if (kInterior || (r < rows_here && gc < p.k)) raw[i] = __ldcs(reinterpret_cast<const uint4*>(base + r * stride));
       }
     } else {
 #pragma unroll
@@ -446,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     for (int j = 0; j < V; ++j) {
       const uint8_t e = fmt::mxfp8_scale(cmax[j], p.fp8_max);
       mx_col_multiplier[j] = fmt::e8m0_reciprocal(e);
-      if (first_row_of_block && block_row < p.m && j < col_valid)
+      if (first_row_of_block && (kInterior || (block_row < p.m && j < col_valid)))
         static_cast<uint8_t*>(p.col_scale)[(block_row / kBlock) * p.col_scale_cols + gc + j] = e;
     }
   }
@@ -474,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
     row_multiplier = fmt::fp8_block_scale(amax_mine, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
     const int64_t row = m0 + row0 + mine;
-    if (mine < NI && row < p.m)  // 1-D: 1/scale in double (as TE's 1x128 kernel)
+    if (mine < NI && (kInterior || row < p.m))  // 1-D: 1/scale in double (as TE's 1x128 kernel)
       static_cast<float*>(p.row_scale)[kt * p.row_scale_cols + row] = static_cast<float>(1.0 / static_cast<double>(row_multiplier));
   }
 
@@ -531,7 +554,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 
   // ---- rowwise (FP8 block, MXFP8): blocks of kBlock elements along K = kBlock / V lanes.
   if (F != QFmt::kNvfp4 && (rowwise || (F == QFmt::kMxfp8 && columnwise))) {
-    const bool vec_store = p.k % V == 0;
+    const bool vec_store = kInterior || p.k % V == 0;
     // Row i's bytes at base + i * k (a 64-bit add per row, as the loads): rowwise and MXFP8 columnwise data.
     const int64_t first = (m0 + row0) * p.k + gc;
     uint8_t* row_base = rowwise ? opaque(p.row_data + first) : nullptr;
@@ -591,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         for (int g = 0; g < kGroups; ++g) a = fmaxf(a, col_part[g][c]);
         const float mult = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
         col_multiplier[c] = mult;
-        if (k0 + c < p.k)
+        if (kInterior || k0 + c < p.k)
           static_cast<float*>(p.col_scale)[mt * p.col_scale_cols + k0 + c] = static_cast<float>(1.0 / static_cast<double>(mult));
       }
       __syncthreads();
@@ -632,9 +655,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         scales |= uint32_t(b.scale) << (8 * u);
       }
       const int64_t mb0 = m0 / kBlock + b0;  // first block (along M) of this thread
-      if (k0 + c < p.k && mb0 * kBlock < p.m) {
+      if (kInterior || (k0 + c < p.k && mb0 * kBlock < p.m)) {
         uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + c) * p.col_scale_cols + mb0;
-        if ((mb0 + kPerThread) * kBlock <= p.m && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
+        if ((kInterior || (mb0 + kPerThread) * kBlock <= p.m) && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
           *reinterpret_cast<uint32_t*>(dst) = scales;
         } else {
 #pragma unroll
@@ -682,11 +705,11 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 #pragma unroll
   for (int n = 0; n < kTile * kOutWords / kThreads; ++n) {
     const int c = c0 + n * kRowsPerPass;
-    if (n * kRowsPerPass >= rows_left) continue;
+    if (!kInterior && n * kRowsPerPass >= rows_left) continue;
     const uint32_t w = out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))];
     uint8_t* dst = dst0 + n * kRowsPerPass * out_row_bytes;
     if (word_store) {
-      if (off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst) = w;
+      if (kInterior || off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst) = w;
     } else {
 #pragma unroll
       for (int u = 0; u < 4; ++u)
@@ -695,13 +718,19 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   }
 }
 
+// With 16-byte loads, the tiles wholly inside x and the others (a partial last tile row / column) are
+// two launches; without, one launch of the general kernel covers every tile.
 template <QFmt F, typename In>
 cudaError_t launch_quantize_tiles(const QuantParams& p, bool vec_ok, cudaStream_t stream) {
-  const int64_t tiles_m = fmt::cdiv(p.m, kTile);
-  const int64_t tiles = tiles_m * p.tiles_k;
+  const int64_t tiles = fmt::cdiv(p.m, int64_t(kTile)) * p.tiles_k;
   if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  if (vec_ok) quantize_tile_kernel<F, In, true><<<unsigned(tiles), kThreads, 0, stream>>>(p);
-  else quantize_tile_kernel<F, In, false><<<unsigned(tiles), kThreads, 0, stream>>>(p);
+  if (!vec_ok) {
+    quantize_tile_kernel<F, In, false, false><<<unsigned(tiles), kThreads, 0, stream>>>(p, 0, 0);
+    return cudaGetLastError();
+  }
+  const int64_t full_m = p.m / kTile, full_k = p.k / kTile, interior = full_m * full_k;
+  if (interior > 0) quantize_tile_kernel<F, In, true, true><<<unsigned(interior), kThreads, 0, stream>>>(p, full_m, full_k);
+  if (tiles > interior) quantize_tile_kernel<F, In, true, false><<<unsigned(tiles - interior), kThreads, 0, stream>>>(p, full_m, full_k);
   return cudaGetLastError();
 }
 
