@@ -440,37 +440,34 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     s_dec = static_cast<float>(1.0 / static_cast<double>(s_enc));
   }
 
-  // ---- MXFP8 column block amax (blocks of kBlock rows along M) from the per-group partials.
-  float cmax[V];
-  if (F == QFmt::kMxfp8 && columnwise) {
-    constexpr int kGroupsPerBlock = kBlock / NI;
-    const int first = (row0 / kBlock) * kGroupsPerBlock;
-#pragma unroll
-    for (int j = 0; j < V; ++j) cmax[j] = 0.0f;
-#pragma unroll
-    for (int gi = 0; gi < kGroupsPerBlock; ++gi) {
-#pragma unroll
-      for (int j = 0; j < V; j += 4) {
-        const float4 c = *reinterpret_cast<const float4*>(&col_part[first + gi][col0 + j]);
-        cmax[j] = fmaxf(cmax[j], c.x);
-        cmax[j + 1] = fmaxf(cmax[j + 1], c.y);
-        cmax[j + 2] = fmaxf(cmax[j + 2], c.z);
-        cmax[j + 3] = fmaxf(cmax[j + 3], c.w);
-      }
-    }
-  }
-  const bool first_row_of_block = row0 % kBlock == 0;
-  const int64_t block_row = m0 + row0;  // first global row of this thread (a block start when first_row_of_block)
-
-  // MXFP8 columnwise is not transposed: it is written row by row next to the rowwise data.
+  // ---- MXFP8 columnwise (not transposed: written row by row next to the rowwise data). The tile's
+  // kTile x kMxColBlocks column blocks (kBlock rows along M) each get their scale from one thread,
+  // kPerThread blocks of one column per thread, from the per-group partials; the multipliers are
+  // shared through shared memory (not derived again by each of a block's row groups), and the scale
+  // bytes of a block row leave from consecutive threads.
   float mx_col_multiplier[V];
   if (F == QFmt::kMxfp8 && columnwise) {
+    constexpr int kMxColBlocks = kTile / kBlock;
+    constexpr int kPerThread = kTile * kMxColBlocks / kThreads;
+    constexpr int kGroupsPerBlock = kBlock / NI;
+    __shared__ __align__(16) float mx_col_mult[kMxColBlocks][kTile];
+    const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const uint8_t e = fmt::mxfp8_scale(cmax[j], p.fp8_max);
-      mx_col_multiplier[j] = fmt::e8m0_reciprocal(e);
-      if (first_row_of_block && (kInterior || (block_row < p.m && j < col_valid)))
-        static_cast<uint8_t*>(p.col_scale)[(block_row / kBlock) * p.col_scale_cols + gc + j] = e;
+    for (int u = 0; u < kPerThread; ++u) {
+      float a = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kGroupsPerBlock; ++g) a = fmaxf(a, col_part[(b0 + u) * kGroupsPerBlock + g][c]);
+      const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
+      mx_col_mult[b0 + u][c] = fmt::e8m0_reciprocal(e);
+      const int64_t block_row = m0 + (b0 + u) * kBlock;
+      if (kInterior || (block_row < p.m && k0 + c < p.k))
+        static_cast<uint8_t*>(p.col_scale)[(block_row / kBlock) * p.col_scale_cols + k0 + c] = e;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 m4 = *reinterpret_cast<const float4*>(&mx_col_mult[row0 / kBlock][col0 + j]);
+      mx_col_multiplier[j] = m4.x, mx_col_multiplier[j + 1] = m4.y, mx_col_multiplier[j + 2] = m4.z, mx_col_multiplier[j + 3] = m4.w;
     }
   }
 
@@ -552,6 +549,37 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
   }
 
+  // ---- MXFP8 rowwise: the kMxLanes lanes of a row block all hold the block amax of each of the NI
+  // rows after the shuffles; lane q keeps those of rows [q * kOwn, q * kOwn + kOwn) and derives their
+  // scales and multipliers once (not every lane for every row). Broadcast in the row loop.
+  constexpr int kMxLanes = F == QFmt::kMxfp8 ? kBlock / V : 1;  // 4 or 8
+  constexpr int kOwn = NI / kMxLanes;                             // 2
+  float mx_row_multiplier[kOwn];
+  if (F == QFmt::kMxfp8 && rowwise) {
+    const int q = lane % kMxLanes;
+    float own[kOwn];
+#pragma unroll
+    for (int s = 0; s < kOwn; ++s) own[s] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      float a;
+      if constexpr (kPackedAmax) a = row_abs_max_packed<In>(raw[i]);
+      else a = row_abs_max(v[i]);
+#pragma unroll
+      for (int offset = kMxLanes / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
+      if (q == i / kOwn) own[i % kOwn] = a;
+    }
+    const int64_t block_col = gc - q * V;  // the row block's first column
+#pragma unroll
+    for (int s = 0; s < kOwn; ++s) {
+      const uint8_t e = fmt::mxfp8_scale(own[s], p.fp8_max);
+      mx_row_multiplier[s] = fmt::e8m0_reciprocal(e);
+      const int r = q * kOwn + s;
+      if (kInterior || (r < rows_here && block_col < p.k))
+        static_cast<uint8_t*>(p.row_scale)[(m0 + row0 + r) * p.row_scale_cols + block_col / kBlock] = e;
+    }
+  }
+
   // ---- rowwise (FP8 block, MXFP8): blocks of kBlock elements along K = kBlock / V lanes.
   if (F != QFmt::kNvfp4 && (rowwise || (F == QFmt::kMxfp8 && columnwise))) {
     const bool vec_store = kInterior || p.k % V == 0;
@@ -561,7 +589,6 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     uint8_t* col_base = F == QFmt::kMxfp8 && columnwise ? opaque(p.col_data + first) : nullptr;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
-      const int64_t row = m0 + row0 + i;
       const bool valid = i < rows_here && col_valid > 0;
       if (F == QFmt::kMxfp8 && columnwise) {
         float y[V];
@@ -572,18 +599,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         if (valid) store_fp8_words<V>(col_base + i * p.k, w, col_valid, true);
       }
       if (!rowwise) continue;
-      float a = 0.0f;
-      if (F == QFmt::kMxfp8) {
-        if constexpr (kPackedAmax) a = row_abs_max_packed<In>(raw[i]);
-        else a = row_abs_max(v[i]);
-#pragma unroll
-        for (int offset = kBlock / V / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
-      }
       float multiplier;
       if (F == QFmt::kMxfp8) {
-        const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
-        multiplier = fmt::e8m0_reciprocal(e);
-        if (valid && gc % kBlock == 0) static_cast<uint8_t*>(p.row_scale)[row * p.row_scale_cols + gc / kBlock] = e;
+        multiplier = __shfl_sync(0xffffffffu, mx_row_multiplier[i % kOwn], (lane & ~(kMxLanes - 1)) | (i / kOwn));
       } else if (F == QFmt::kFp8Block1d) {
         multiplier = __shfl_sync(0xffffffffu, row_multiplier, (lane & ~(kLanesPerRow - 1)) | i);
       } else {
