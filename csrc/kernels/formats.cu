@@ -4,8 +4,9 @@
 //
 // Quantize: one CTA (256 threads) per 128x128 tile of the [M, K] input, read once with 16-byte loads
 // into registers (64 values per thread), producing the rowwise and the columnwise outputs in the same
-// pass; the tiles wholly inside the input launch apart from the edge tiles, without bounds checks. Thread layout of a tile: warp w owns rows [16w, 16w+16); a 16-byte vector holds V = 4 (fp32)
-// or 8 (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
+// pass; the tiles wholly inside the input launch apart from the edge tiles, without bounds checks.
+// Thread layout of a tile: warp w owns rows [16w, 16w+16); a 16-byte vector holds V = 4 (fp32) or 8
+// (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
 // rows [16w, 16w+8) and [16w+8, 16w+16). Each thread therefore holds NI = 64/V consecutive rows of V
 // consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
 // over NI rows in registers and then over row groups through shared memory (FP8 block and MXFP8 take
@@ -263,10 +264,12 @@ __device__ __forceinline__ T* opaque(T* x) {
   return x;
 }
 
-// Word swizzle of the transposed byte tile: tile row c (a column of x) keeps its words XOR-permuted so
-// that the lanes of a warp, which write different rows at the same word, hit different banks.
-template <int kWords>
-__device__ __forceinline__ int swizzle(int c) { return (c >> 2) & (kWords - 1); }
+// Swizzle of a transposed shared tile of kUnits units (words or 16-byte units) per row: row c keeps its
+// units XOR-permuted by (c / 4) so that lanes reading or writing the same unit of rows 4 apart (quantize:
+// words of different rows; transposed dequantize: 16-byte units of 8 rows per quarter warp) hit
+// different banks.
+template <int kUnits>
+__device__ __forceinline__ int swizzle(int c) { return (c >> 2) & (kUnits - 1); }
 
 // The FP8 codes of y[0..V) (V = 4 or 8) as V / 4 words, code j in byte j % 4 of word j / 4: two
 // conversions of two values each, joined by one byte permute.
@@ -1001,18 +1004,14 @@ __global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const Deq
 
 // Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K], in tiles of
 // 128 (k) x 128 bytes of each data row (128 values of m for FP8, 256 for NVFP4), written as coalesced
-// output rows. Persistent CTAs walk the tiles and stage them in shared memory through a kStages-deep
-// cp.async pipeline, so that the next tiles' loads are in flight while one is decoded and stored (with
-// one tile per CTA, load, barrier, then decode: the kernel was latency-bound at 61% of the copy,
-// DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
+// output rows. Persistent CTAs walk the tiles and stage them in shared memory through a
+// kTransposedStages-deep cp.async pipeline, so that the next tiles' loads are in flight while one is
+// decoded and stored (with one tile per CTA, load, barrier, then decode: the kernel was latency-bound
+// at 61% of the copy, DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
 // 32 for NVFP4), lane l its columns 4l .. 4l + 3.
 constexpr int kTransposedStages = 3;
 constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 KB of shared memory
 constexpr int kTransposedUnits = kTile / 16;  // 16-byte units per tile row
-
-// Units of tile row c are XOR-permuted so that the 8 lanes of a quarter warp, which read one unit of
-// 8 different rows (4 rows apart) or write the 8 units of one row, hit 8 different bank groups.
-__device__ __forceinline__ int unit_swizzle(int c) { return (c >> 2) & (kTransposedUnits - 1); }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -1033,7 +1032,7 @@ __device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int
     const int idx = n * kThreads + threadIdx.x;
     const int c = idx / kTransposedUnits, u = idx % kTransposedUnits;
     const int64_t kk = k0 + c, off = byte0 + 16 * u;
-    uint4* dst = stage + c * kTransposedUnits + (u ^ unit_swizzle(c));
+    uint4* dst = stage + c * kTransposedUnits + (u ^ swizzle<kTransposedUnits>(c));
     const bool inside = kk < p.k && off < row_bytes;
     if (async_loads) {
       cp_async16(dst, inside ? p.data + kk * row_bytes + off : p.data, inside ? 16 : 0);
@@ -1066,7 +1065,7 @@ __device__ __forceinline__ void store_transposed_tile(const DequantParams& p, in
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int c = 4 * lane + j;
-    v[j] = stage[c * kTransposedUnits + (warp ^ unit_swizzle(c))];
+    v[j] = stage[c * kTransposedUnits + (warp ^ swizzle<kTransposedUnits>(c))];
   }
   // NVFP4: two 16-row scale blocks per warp; FP8 block: one factor per column for all 16 rows.
 #pragma unroll
