@@ -1,9 +1,12 @@
 """Quantize / dequantize throughput of every pyxfer.formats format and usage against a device-to-device
 copy of the same input, measured in the same run.
 
-GPU (--device, default cuda:0): CUDA events on its current stream, warm-up, median of 20; inputs are
-random bf16 (randn) of shapes 1024x8192 (16 MiB), 8192x16384 (256 MiB) and 16384x32768 (1 GiB),
-rotated over >= 256 MiB so that small sizes are not served from L2. Per format (fp8_block_1x128,
+GPU (--device, default cuda:0): CUDA events on its current stream, warm-up, median of 20, the stream
+held by a spin kernel while the host issues the timed call (common.cuda_times, as nvbench's blocking
+kernel): the times are the GPU's work for a call issued ahead of it, as in a model's stream, and the
+host's time to issue one call is its own column ("host us"). Inputs are random bf16 (randn) of
+shapes 1024x8192 (16 MiB), 8192x16384 (256 MiB) and 16384x32768 (1 GiB), rotated over >= 256 MiB so
+that small sizes are not served from L2. Per format (fp8_block_1x128,
 fp8_block_128x128, mxfp8, nvfp4) and usage:
 - quantize: pyxfer.formats.quantize(x, fmt, rowwise=..., columnwise=...), usages rowwise, columnwise
   and both. NVFP4 gets its global amax as a tensor computed once beforehand (finding it is one more
@@ -16,7 +19,7 @@ fp8_block_128x128, mxfp8, nvfp4) and usage:
   2 x input bytes / time. "% copy" = GB/s / copy GB/s of the same input size. Target: >= 75% at
   >= 256 MiB for every format, usage and direction.
 - "op GB/s": the native op alone (torch.ops.pyxfer.quantize_* / dequantize_*, no Python wrapper), same
-  byte accounting: where it is much higher than the public call, the wrapper's host time shows.
+  byte accounting; "host us" / "op host us": the host's time to issue one public / native call.
 After timing, outside the timed region: per format and usage, a 256x1024 slice of the input is
 quantized on the GPU and on the CPU and every buffer, and the dequantized values, compared bitwise
 (a sanity check; the tests do the full comparison).
@@ -33,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (L2_DEFEAT_BYTES, cpu_time_ms, cuda_time_ms, fmt_gbps, fmt_size, print_table,  # noqa: E402
+from common import (L2_DEFEAT_BYTES, cpu_time_ms, cuda_times, fmt_gbps, fmt_size, print_table,  # noqa: E402
                     print_targets, write_json)
 from pyxfer import formats  # noqa: E402
 
@@ -134,30 +137,29 @@ def measure(shape, device, timer):
     inputs = [torch.randn(shape, dtype=torch.bfloat16, device=device) for _ in range(count)]
     amaxes = [global_amax(x) for x in inputs]
     dst = torch.empty_like(inputs[0])
-    copy_ms = timer(lambda x: dst.copy_(x), inputs)
+    copy_ms, _ = timer(lambda x: dst.copy_(x), inputs)
     copy_gbps = 2 * size / copy_ms / 1e6
     base = {"shape": list(shape), "bytes": size, "copy_ms": copy_ms, "copy_gbps": copy_gbps}
     rows = []
 
-    def add(fmt, usage, direction, moved, api_ms, op_ms):
-        gbps = moved / api_ms / 1e6
+    def add(fmt, usage, direction, moved, api, op):  # api, op: (ms, host ms) of the public call, the native op
+        gbps = moved / api[0] / 1e6
         rows.append({**base, "format": fmt, "usage": usage, "direction": direction, "bytes_moved": moved,
-                     "ms": api_ms, "gbps": gbps, "of_copy": gbps / copy_gbps, "op_ms": op_ms,
-                     "op_gbps": moved / op_ms / 1e6})
+                     "ms": api[0], "host_ms": api[1], "gbps": gbps, "of_copy": gbps / copy_gbps, "op_ms": op[0],
+                     "op_host_ms": op[1], "op_gbps": moved / op[0] / 1e6})
 
     for fmt in formats.FORMATS:
         for usage in USAGES:
             calls = [(x, *quantize_call(fmt, usage, a)) for x, a in zip(inputs, amaxes)]  # x, api, op
-            api_ms = timer(lambda c: c[1](c[0]), calls)
-            op_ms = timer(lambda c: c[2](c[0]), calls)
-            add(fmt, usage, "quantize", size + written_bytes(calls[0][1](inputs[0])), api_ms, op_ms)
+            api_t = timer(lambda c: c[1](c[0]), calls)
+            op_t = timer(lambda c: c[2](c[0]), calls)
+            add(fmt, usage, "quantize", size + written_bytes(calls[0][1](inputs[0])), api_t, op_t)
         for usage in DEQUANT_USAGES:
             row, col = USAGES[usage]
             qts = [formats.quantize(x, fmt, rowwise=row, columnwise=col,
                                     **({"global_amax": a} if fmt == "nvfp4" else {})) for x, a in zip(inputs, amaxes)]
             api, op = dequantize_call(fmt, usage)
-            api_ms, op_ms = timer(api, qts), timer(op, qts)
-            add(fmt, usage, "dequantize", usage_bytes(qts[0], usage) + size, api_ms, op_ms)
+            add(fmt, usage, "dequantize", usage_bytes(qts[0], usage) + size, timer(api, qts), timer(op, qts))
             del qts
     if device.type == "cuda":  # outside the timed regions
         for fmt in formats.FORMATS:
@@ -170,13 +172,18 @@ def measure(shape, device, timer):
 
 
 def show(title, bases, rows):
-    print_table(title, ["shape", "input", "format", "direction", "usage", "ms", "GB/s", "% copy", "op GB/s"],
+    print_table(title, ["shape", "input", "format", "direction", "usage", "ms", "GB/s", "% copy", "op GB/s",
+                        "host us", "op host us"],
                 [[f"{r['shape'][0]}x{r['shape'][1]}", fmt_size(r["bytes"]), r["format"], r["direction"], r["usage"],
-                  f"{r['ms']:.3f}", fmt_gbps(r["gbps"]),
-                  f"{r['of_copy']:.1%}", fmt_gbps(r["op_gbps"])]
+                  f"{r['ms']:.3f}", fmt_gbps(r["gbps"]), f"{r['of_copy']:.1%}", fmt_gbps(r["op_gbps"]),
+                  host_us(r["host_ms"]), host_us(r["op_host_ms"])]
                  for r in rows])
     print("copy baseline (dst.copy_(x) of the bf16 input, GB/s = 2 x input bytes / time): " +
           ", ".join(f"{fmt_size(b['bytes'])} {fmt_gbps(b['copy_gbps'])} GB/s" for b in bases) + "\n")
+
+
+def host_us(ms):
+    return "-" if ms is None else f"{ms * 1e3:.0f}"
 
 
 def targets(rows):
@@ -212,15 +219,15 @@ def main():
     if torch.cuda.is_available():
         device = torch.device(args.device)
         result["gpu"] = torch.cuda.get_device_name(device)
-        timer = lambda fn, inputs: cuda_time_ms(fn, inputs, reps=args.reps, device=device)  # noqa: E731
+        timer = lambda fn, inputs: cuda_times(fn, inputs, reps=args.reps, device=device)  # noqa: E731
         bases, rows = [], []
         for shape in args.shapes:
             base, shape_rows = measure(shape, device, timer)
             bases.append(base)
             rows += shape_rows
         result["copy"], result["gpu_rows"] = bases, rows
-        show(f"pyxfer.formats on {result['gpu']} ({device}): GB/s = (bytes read + bytes written) / time, CUDA events, "
-             f"median of {args.reps}", bases, rows)
+        show(f"pyxfer.formats on {result['gpu']} ({device}): GB/s = (bytes read + bytes written) / GPU time, CUDA "
+             f"events with the stream held while the call is issued, median of {args.reps}", bases, rows)
         print(f"checked outside the timed region: CUDA == CPU bitwise on a {CHECK_SHAPE[0]}x{CHECK_SHAPE[1]} slice, "
               "every format and usage (quantize and dequantize)\n")
         result["targets"] = targets(rows)
@@ -230,7 +237,7 @@ def main():
         print("no CUDA GPU: GPU rows skipped" + ("" if args.cpu else " (--cpu times the CPU implementations)") + "\n")
     if args.cpu:
         def timer(fn, inputs):
-            return cpu_time_ms(lambda xs: [fn(x) for x in xs], inputs, reps=5) / len(inputs)
+            return cpu_time_ms(lambda xs: [fn(x) for x in xs], inputs, reps=5) / len(inputs), None
         bases, rows = [], []
         for shape in args.cpu_shapes:
             base, shape_rows = measure(shape, torch.device("cpu"), timer)
