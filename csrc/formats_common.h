@@ -68,9 +68,14 @@ inline at::Tensor bytes(const at::Tensor& like, at::IntArrayRef shape) {
   return at::empty(shape, like.options().dtype(at::kByte));
 }
 
-// Scale buffers start zeroed: kernels write the logical entries only, the padding stays 0.
-inline at::Tensor zeroed_scales(const at::Tensor& like, fmt::ScaleShape s, at::ScalarType dtype) {
-  return at::zeros({s.rows, s.cols}, like.options().dtype(dtype));
+// A scale buffer: kernels write the used entries, the padding is zeroed here (most shapes have none;
+// with whole buffers zeroed, FP8 1x128 quantize at 256 MiB took 108 us rowwise and 157 us both on an
+// H200, against 105 and 152 without).
+inline at::Tensor scale_buffer(const at::Tensor& like, fmt::ScaleShape s, at::ScalarType dtype) {
+  at::Tensor t = at::empty({s.rows, s.cols}, like.options().dtype(dtype));
+  if (s.used_rows < s.rows) t.narrow(0, s.used_rows, s.rows - s.used_rows).zero_();
+  if (s.used_cols < s.cols) t.narrow(0, 0, s.used_rows).narrow(1, s.used_cols, s.cols - s.used_cols).zero_();
+  return t;
 }
 
 inline at::Tensor nothing(const at::Tensor& like) { return at::empty({0}, like.options().dtype(at::kByte)); }
@@ -86,17 +91,17 @@ inline QuantizedBuffers alloc_fp8_block(const at::Tensor& x, int64_t block_dim, 
   const Matrix mk = matrix_of(x);
   const int dim = static_cast<int>(block_dim);
   return {rowwise ? bytes(x, x.sizes()) : nothing(x),
-          rowwise ? zeroed_scales(x, fmt::fp8_block_scale_shape(mk.m, mk.k, dim, false), at::kFloat) : nothing(x),
+          rowwise ? scale_buffer(x, fmt::fp8_block_scale_shape(mk.m, mk.k, dim, false), at::kFloat) : nothing(x),
           columnwise ? bytes(x, transposed_shape(x)) : nothing(x),
-          columnwise ? zeroed_scales(x, fmt::fp8_block_scale_shape(mk.m, mk.k, dim, true), at::kFloat) : nothing(x)};
+          columnwise ? scale_buffer(x, fmt::fp8_block_scale_shape(mk.m, mk.k, dim, true), at::kFloat) : nothing(x)};
 }
 
 inline QuantizedBuffers alloc_mxfp8(const at::Tensor& x, bool rowwise, bool columnwise) {
   const Matrix mk = matrix_of(x);
   return {rowwise ? bytes(x, x.sizes()) : nothing(x),
-          rowwise ? zeroed_scales(x, fmt::mxfp8_scale_shape(mk.m, mk.k, false), at::kByte) : nothing(x),
+          rowwise ? scale_buffer(x, fmt::mxfp8_scale_shape(mk.m, mk.k, false), at::kByte) : nothing(x),
           columnwise ? bytes(x, x.sizes()) : nothing(x),
-          columnwise ? zeroed_scales(x, fmt::mxfp8_scale_shape(mk.m, mk.k, true), at::kByte) : nothing(x)};
+          columnwise ? scale_buffer(x, fmt::mxfp8_scale_shape(mk.m, mk.k, true), at::kByte) : nothing(x)};
 }
 
 inline QuantizedBuffers alloc_nvfp4(const at::Tensor& x, bool rowwise, bool columnwise) {
@@ -104,9 +109,9 @@ inline QuantizedBuffers alloc_nvfp4(const at::Tensor& x, bool rowwise, bool colu
   std::vector<int64_t> packed(x.sizes().begin(), x.sizes().end());
   packed.back() /= 2;  // two E2M1 values per byte
   return {rowwise ? bytes(x, packed) : nothing(x),
-          rowwise ? zeroed_scales(x, fmt::nvfp4_scale_shape(mk.m, mk.k, false), at::kByte) : nothing(x),
+          rowwise ? scale_buffer(x, fmt::nvfp4_scale_shape(mk.m, mk.k, false), at::kByte) : nothing(x),
           columnwise ? bytes(x, {mk.k, mk.m / 2}) : nothing(x),
-          columnwise ? zeroed_scales(x, fmt::nvfp4_scale_shape(mk.m, mk.k, true), at::kByte) : nothing(x)};
+          columnwise ? scale_buffer(x, fmt::nvfp4_scale_shape(mk.m, mk.k, true), at::kByte) : nothing(x)};
 }
 
 // ---- dequantize: the stored data tells the logical matrix; the scale buffer must match it exactly.

@@ -228,8 +228,10 @@ PYXFER_HOST_DEVICE float nvfp4_decode_factor(uint8_t scale, float global_amax) {
 PYXFER_HOST_DEVICE int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 PYXFER_HOST_DEVICE int64_t round_up(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
+// A scale buffer's shape (rows, cols) and the part a quantize writes, [0, used_rows) x [0, used_cols):
+// the rest is padding (zero).
 struct ScaleShape {
-  int64_t rows, cols;
+  int64_t rows, cols, used_rows, used_cols;
 };
 
 // FP8 block 1x128: rowwise [cdiv(K,128), rup(M,4)] ("GEMM ready": M is the fast axis),
@@ -237,20 +239,20 @@ struct ScaleShape {
 // columnwise [cdiv(K,128), rup(cdiv(M,128),4)]. fp32 entries.
 PYXFER_HOST_DEVICE ScaleShape fp8_block_scale_shape(int64_t m, int64_t k, int block_dim, bool columnwise) {
   const int64_t mb = cdiv(m, kFp8BlockLen), kb = cdiv(k, kFp8BlockLen);
-  if (block_dim == 1) return columnwise ? ScaleShape{mb, round_up(k, 4)} : ScaleShape{kb, round_up(m, 4)};
-  return columnwise ? ScaleShape{kb, round_up(mb, 4)} : ScaleShape{mb, round_up(kb, 4)};
+  if (block_dim == 1) return columnwise ? ScaleShape{mb, round_up(k, 4), mb, k} : ScaleShape{kb, round_up(m, 4), kb, m};
+  return columnwise ? ScaleShape{kb, round_up(mb, 4), kb, mb} : ScaleShape{mb, round_up(kb, 4), mb, kb};
 }
 
 // MXFP8 compact: rowwise [rup(M,128), rup(K/32,4)] ([m, kb]); columnwise [rup(M/32,4), rup(K,128)] ([mb, k]).
 PYXFER_HOST_DEVICE ScaleShape mxfp8_scale_shape(int64_t m, int64_t k, bool columnwise) {
-  return columnwise ? ScaleShape{round_up(m / kMxfp8BlockLen, 4), round_up(k, 128)}
-                    : ScaleShape{round_up(m, 128), round_up(k / kMxfp8BlockLen, 4)};
+  return columnwise ? ScaleShape{round_up(m / kMxfp8BlockLen, 4), round_up(k, 128), m / kMxfp8BlockLen, k}
+                    : ScaleShape{round_up(m, 128), round_up(k / kMxfp8BlockLen, 4), m, k / kMxfp8BlockLen};
 }
 
 // NVFP4 compact: rowwise [rup(M,128), rup(K/16,4)] ([m, kb]); columnwise [rup(K,128), rup(M/16,4)] ([k, mb]).
 PYXFER_HOST_DEVICE ScaleShape nvfp4_scale_shape(int64_t m, int64_t k, bool columnwise) {
-  return columnwise ? ScaleShape{round_up(k, 128), round_up(m / kNvfp4BlockLen, 4)}
-                    : ScaleShape{round_up(m, 128), round_up(k / kNvfp4BlockLen, 4)};
+  return columnwise ? ScaleShape{round_up(k, 128), round_up(m / kNvfp4BlockLen, 4), k, m / kNvfp4BlockLen}
+                    : ScaleShape{round_up(m, 128), round_up(k / kNvfp4BlockLen, 4), m, k / kNvfp4BlockLen};
 }
 
 }  // namespace fmt
