@@ -192,8 +192,20 @@ def assert_every_format_cpu_equals_cuda(what, x, nvfp4_global_amax):
                             quantize(xg, fmt, "both", fp8, **opts))
 
 
+def negative_nans(n, dtype):
+    """n NaNs of dtype with the sign bit set, quiet and signaling, with payloads (float("nan") is +NaN)."""
+    int_dtype, quiet, signaling = {torch.float32: (torch.int32, -(1 << 22), -(1 << 23) + 1),
+                                   torch.bfloat16: (torch.int16, -64, -127),
+                                   torch.float16: (torch.int16, -512, -1023)}[dtype]
+    bits = [(quiet if i % 2 == 0 else signaling) + i // 2 for i in range(n)]
+    x = torch.tensor(bits, dtype=int_dtype).view(dtype)
+    assert bool(x.isnan().all()) and bool((x.view(int_dtype) < 0).all())
+    return x
+
+
 def test_nan_and_inf_inputs_cpu_equals_cuda(gen):
-    """Not specified bit-exactly by the spec (§9), but CPU and CUDA must still agree."""
+    """Not specified bit-exactly by the spec (§9), but CPU and CUDA must still agree: every NaN, of
+    either sign, encodes as the format's positive NaN (FP8) or +6 (NVFP4)."""
     for dtype in IN_DTYPES:
         x = make_input((64, 256), dtype, gen, span=(-2, 2))
         x[0, 3] = float("nan")
@@ -201,6 +213,9 @@ def test_nan_and_inf_inputs_cpu_equals_cuda(gen):
         x[2, 130] = -float("inf")
         x[40, 9] = float("nan")
         x[5, 200] = -0.0
+        x[7, 33:37] = negative_nans(4, dtype)
+        x[10, 48:64] = negative_nans(16, dtype)  # a whole NVFP4 row block
+        x[16:32, 250] = negative_nans(16, dtype)  # a whole NVFP4 column block
         assert_every_format_cpu_equals_cuda("nan/inf", x, 100.0)
 
 

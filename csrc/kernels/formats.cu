@@ -202,18 +202,20 @@ __device__ __forceinline__ uint32_t e2m1_code_bits(float c) {
 __host__ __device__ constexpr uint32_t e2m1_pack_bias(int n) { return n == 0 ? 0u : (0x4B000000u << (4 * (n - 1))) + e2m1_pack_bias(n - 1); }
 
 // N (4 or 8) fmt::encode_e2m1 codes of y[] packed into nibbles, element j in bits [4j, 4j + 4). The
-// clamp to [-6, 6] maps NaN to +6 (fminf drops a NaN operand) and keeps every other sign, so the sign
-// bit of c is the code's bit 3. Per element: 2 FMNMX, 3 FFMA/FADD, 1 min, and two packing steps, each
-// linear mod 2^32 (acc << 1 | sign as a funnel shift, acc * 8 + bits as one IMAD), whose 0x4B000000
-// parts sum to a constant subtracted once.
+// magnitude is min(|y|, 6), which maps NaN to 6 (fminf drops a NaN operand); the sign bit of y is the
+// code's bit 3, and a NaN y has it clear: y is always a product (fmt::mul_rn), and the GPU's fp32
+// arithmetic returns the one canonical NaN, 0x7FFFFFFF, whatever the operands' NaN signs (so a NaN
+// encodes as +6, 0x7, as fmt::encode_e2m1 does; the GPU tests feed negative NaNs). Checked on the host
+// against fmt::encode_e2m1 for all 2^32 floats y. Per element: 1 FMNMX, 3 FFMA/FADD, 1 min, and two
+// packing steps, each linear mod 2^32 (acc << 1 | sign as a funnel shift, acc * 8 + bits as one
+// IMAD), whose 0x4B000000 parts sum to a constant subtracted once.
 template <int N>
 __device__ __forceinline__ uint32_t pack_e2m1(const float (&y)[N]) {
   uint32_t acc = 0;
 #pragma unroll
   for (int j = N - 1; j >= 0; --j) {
-    const float c = fmaxf(fminf(y[j], fmt::kE2M1Max), -fmt::kE2M1Max);
-    acc = __funnelshift_l(__float_as_uint(c), acc, 1);
-    acc = acc * 8u + e2m1_code_bits(c);
+    acc = __funnelshift_l(__float_as_uint(y[j]), acc, 1);
+    acc = acc * 8u + e2m1_code_bits(fminf(fabsf(y[j]), fmt::kE2M1Max));
   }
   constexpr uint32_t kBias = e2m1_pack_bias(N);
   return acc - kBias;
@@ -294,6 +296,16 @@ __device__ __forceinline__ void store_fp8_words(uint8_t* dst, const uint32_t (&w
     if (j < valid) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
 }
 
+// The amax of column c of a tile over kCount row groups from `first`: a column block, from the row
+// groups' partial maxima in shared memory.
+template <int kCount, int kGroups, int kCols>
+__device__ __forceinline__ float column_block_amax(const float (&col_part)[kGroups][kCols], int first, int c) {
+  float a = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kCount; ++g) a = fmaxf(a, col_part[first + g][c]);
+  return a;
+}
+
 // CTAs per SM the register budget is sized for: 3 (<= 80 registers) where that fits without spills
 // on SM 80 / 90 (bf16 inputs; for MXFP8 only with 16-byte loads, its element-wise path needs more),
 // else 2 (SM 100 / 120 would spill at 80).
@@ -365,8 +377,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
   // FP8 block and MXFP8 take the |x| maxima of 16-bit inputs from the packed words (packed_max). NVFP4
-  // keeps fp32 maxima: its values are unpacked for the multiply anyway, |x| is then a free operand
-  // modifier, and the packed form measured slower for its columnwise usage.
+  // does for its row maxima only (rowwise quantize: executed instructions -6%, ncu 107.3 -> 106.5 us);
+  // its column maxima measured slower packed (the values are unpacked for the multiply anyway, and |x|
+  // is then a free operand).
   constexpr bool kPackedAmax = In::kPacked && F != QFmt::kNvfp4;
   float v[NI][V];
   uint4 raw[NI];
@@ -457,9 +470,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
-      float a = 0.0f;
-#pragma unroll
-      for (int g = 0; g < kGroupsPerBlock; ++g) a = fmaxf(a, col_part[(b0 + u) * kGroupsPerBlock + g][c]);
+      const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
       const uint8_t e = fmt::mxfp8_scale(a, p.fp8_max);
       mx_col_mult[b0 + u][c] = fmt::e8m0_reciprocal(e);
       const int64_t block_row = m0 + (b0 + u) * kBlock;
@@ -508,9 +519,13 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     float amax[NI];
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
-      amax[i] = 0.0f;
+      if constexpr (In::kPacked) {
+        amax[i] = row_abs_max_packed<In>(raw[i]);
+      } else {
+        amax[i] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) amax[i] = fmaxf(amax[i], fabsf(v[i][j]));
+        for (int j = 0; j < V; ++j) amax[i] = fmaxf(amax[i], fabsf(v[i][j]));
+      }
     }
     // Chunk c (slots [c * kOwnRows, ...)) of lane q holds the rows that the partner q ^ d keeps in its
     // chunk c ^ d; each round keeps the chunks with bit d clear and folds in the partner's other one.
@@ -630,9 +645,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       __shared__ float col_multiplier[kTile];
       if (threadIdx.x < kTile) {
         const int c = threadIdx.x;
-        float a = 0.0f;
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) a = fmaxf(a, col_part[g][c]);
+        const float a = column_block_amax<kGroups>(col_part, 0, c);
         const float mult = fmt::fp8_block_scale(a, p.fp8_max, p.pow2, p.epsilon, p.max_finite);
         col_multiplier[c] = mult;
         if (kInterior || k0 + c < p.k)
@@ -668,9 +681,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       uint32_t scales = 0;
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {
-        float a = 0.0f;
-#pragma unroll
-        for (int g = 0; g < kGroupsPerBlock; ++g) a = fmaxf(a, col_part[(b0 + u) * kGroupsPerBlock + g][c]);
+        const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
         const fmt::Nvfp4Block b = nvfp4_block_fast(a, s_enc_sixth, s_dec);
         col_multiplier[b0 + u][c] = b.multiplier;
         scales |= uint32_t(b.scale) << (8 * u);
@@ -778,7 +789,7 @@ struct DequantParams {
   const void* scale;
   int64_t scale_cols;
   const float* amax;  // NVFP4
-  int64_t m, k, tiles_k;
+  int64_t m, k, tiles_m, tiles_k;  // tiles_*: the transposed kernel's, along the data rows / columns
   Fp8Kind kind;
   bool columnwise;
   void* out;
@@ -1008,10 +1019,24 @@ __global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const Deq
 // kTransposedStages-deep cp.async pipeline, so that the next tiles' loads are in flight while one is
 // decoded and stored (with one tile per CTA, load, barrier, then decode: the kernel was latency-bound
 // at 61% of the copy, DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
-// 32 for NVFP4), lane l its columns 4l .. 4l + 3.
+// 32 for NVFP4), lane l its columns 4l .. 4l + 3. NVFP4's scale bytes travel in the same pipeline
+// (staged_scales): read from global memory by each lane, 8 bytes of 8 rows apart per thread and tile,
+// the decode waited on them behind its own stores (columnwise dequantize at 69% of the copy, FP8
+// block's at 80-82%).
 constexpr int kTransposedStages = 3;
-constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 KB of shared memory
+constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 (NVFP4: 54) KB of shared memory
 constexpr int kTransposedUnits = kTile / 16;  // 16-byte units per tile row
+
+// 16-byte units of one pipeline stage: the data tile, then for NVFP4 the tile's scale bytes (the 16
+// blocks of the tile's 256 values of m, one unit per column); and the shared memory of all stages.
+template <DFmt F>
+__host__ __device__ constexpr int transposed_stage_units() { return kTile * kTransposedUnits + (F == DFmt::kNvfp4 ? kTile : 0); }
+template <DFmt F>
+__host__ __device__ constexpr int transposed_smem_bytes() { return kTransposedStages * transposed_stage_units<F>() * 16; }
+
+// Where column c's scale unit sits in a stage: the 32 lanes of a warp read one word of columns
+// 4l + j (j fixed), which unswizzled would fall on 2 banks (16-way conflicts), swizzled on 8 (4-way).
+__device__ __forceinline__ int scale_slot(int c) { return c ^ swizzle<4>(c >> 1); }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -1021,12 +1046,26 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
 
+// Tile t's (mt, kt): its 128-byte column block of the data rows and its 128-row block of them. NVFP4
+// walks mt fastest, so that the tiles in flight together read whole data rows (ncu, columnwise
+// dequantize to bf16: 1 GiB 436 -> 413 us, 256 MiB 103 -> 101 us); FP8 block walks kt fastest (its
+// 1 GiB case measured 451 against 455 us the other way).
+template <DFmt F>
+__device__ __forceinline__ void transposed_tile_coords(const DequantParams& p, int64_t t, int64_t& mt, int64_t& kt) {
+  if (F == DFmt::kNvfp4) mt = t % p.tiles_m, kt = t / p.tiles_m;
+  else mt = t / p.tiles_k, kt = t % p.tiles_k;
+}
+
 // Queues the loads of tile `t` into `stage`; bytes outside the data read as zero. `async_loads`: rows
 // of 16-byte multiples at a 16-byte aligned base (units fully in or out), else byte loads.
+// `staged_scales` (NVFP4, scale_cols % 16 == 0 at a 16-byte aligned base): the tile's scale units too.
 template <DFmt F>
-__device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int64_t t, uint4* stage, bool async_loads) {
+__device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int64_t t, uint4* stage, bool async_loads,
+                                                     bool staged_scales) {
   const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
-  const int64_t k0 = (t % p.tiles_k) * kTile, byte0 = (t / p.tiles_k) * kTile;
+  int64_t mt, kt;
+  transposed_tile_coords<F>(p, t, mt, kt);
+  const int64_t k0 = kt * kTile, byte0 = mt * kTile;
 #pragma unroll
   for (int n = 0; n < kTile * kTransposedUnits / kThreads; ++n) {
     const int idx = n * kThreads + threadIdx.x;
@@ -1047,15 +1086,24 @@ __device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int
       *dst = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
+  if (F == DFmt::kNvfp4 && staged_scales && threadIdx.x < kTile) {
+    // Column k0 + c's 16 bytes from block byte0 / 8 (two values of m per byte): inside its scale row,
+    // as the rows are padded to 128 (k) and scale_cols is a multiple of 16.
+    const int c = threadIdx.x;
+    cp_async16(stage + kTile * kTransposedUnits + scale_slot(c),
+               static_cast<const uint8_t*>(p.scale) + (k0 + c) * p.scale_cols + byte0 / 8, 16);
+  }
 }
 
 // Decodes and stores this thread's part of tile `t` from `stage`.
 template <DFmt F, typename Out>
-__device__ __forceinline__ void store_transposed_tile(const DequantParams& p, int64_t t, const uint4* stage) {
+__device__ __forceinline__ void store_transposed_tile(const DequantParams& p, int64_t t, const uint4* stage,
+                                                      bool staged_scales) {
   constexpr bool kFp4 = F == DFmt::kNvfp4;
   constexpr int kRowsPerWord = kFp4 ? 8 : 4;  // values of m in one 32-bit word of a data row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t mt = t / p.tiles_k, kt = t % p.tiles_k;
+  int64_t mt, kt;
+  transposed_tile_coords<F>(p, t, mt, kt);
   const int64_t first_row = mt * (kFp4 ? 2 * kTile : kTile) + warp * 4 * kRowsPerWord;  // this warp's rows
   const int64_t kc = kt * kTile + 4 * lane;  // this thread's 4 columns of out
   if (first_row >= p.m || kc >= p.k) return;
@@ -1067,21 +1115,33 @@ __device__ __forceinline__ void store_transposed_tile(const DequantParams& p, in
     const int c = 4 * lane + j;
     v[j] = stage[c * kTransposedUnits + (warp ^ swizzle<kTransposedUnits>(c))];
   }
-  // NVFP4: two 16-row scale blocks per warp; FP8 block: one factor per column for all 16 rows.
+  // NVFP4: two 16-row scale blocks per warp (bytes 2w and 2w + 1 of a column's 16 in the tile); FP8
+  // block: one factor per column for all 16 rows. All read before any store.
+  constexpr int kBlocks = kFp4 ? 2 : 1;
+  float factor[kBlocks][4];
 #pragma unroll
-  for (int b = 0; b < (kFp4 ? 2 : 1); ++b) {
-    if (first_row + 16 * b >= p.m) return;
-    float factor[4];
+  for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      factor[j] = 0.0f;
-      if (j >= count) continue;
-      if (F == DFmt::kFp8Block1d) factor[j] = static_cast<const float*>(p.scale)[mt * p.scale_cols + kc + j];
-      if (F == DFmt::kFp8Block2d) factor[j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mt];
-      if (F == DFmt::kNvfp4)
-        factor[j] = fmt::nvfp4_decode_factor(
-            static_cast<const uint8_t*>(p.scale)[(kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen + b], *p.amax);
+    for (int b = 0; b < kBlocks; ++b) factor[b][j] = 0.0f;
+    if (j >= count) continue;
+    if (F == DFmt::kFp8Block1d) factor[0][j] = static_cast<const float*>(p.scale)[mt * p.scale_cols + kc + j];
+    if (F == DFmt::kFp8Block2d) factor[0][j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mt];
+    if (F == DFmt::kNvfp4) {
+      uint32_t pair;  // block b's byte in bits [8b, 8b + 8)
+      if (staged_scales) {
+        const uint32_t w = reinterpret_cast<const uint32_t*>(stage + kTile * kTransposedUnits + scale_slot(4 * lane + j))[warp / 2];
+        pair = w >> (16 * (warp % 2));
+      } else {
+        const uint8_t* s = static_cast<const uint8_t*>(p.scale) + (kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen;
+        pair = s[0] | (first_row + fmt::kNvfp4BlockLen < p.m ? uint32_t(s[1]) << 8 : 0u);
+      }
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) factor[b][j] = fmt::nvfp4_decode_factor(uint8_t(pair >> (8 * b)), *p.amax);
     }
+  }
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    if (first_row + 16 * b >= p.m) return;
 #pragma unroll
     for (int q = 0; q < 4 / (kFp4 ? 2 : 1); ++q) {  // words of the block
       const int word = b * 2 + q;
@@ -1094,8 +1154,8 @@ __device__ __forceinline__ void store_transposed_tile(const DequantParams& p, in
           float2 d;
           if (kFp4) d = make_float2(decode_e2m1_fast(w >> (4 * r)), decode_e2m1_fast(w >> (4 * r + 4)));
           else d = decode_fp8x2(w >> (8 * r), p.kind);
-          out0[j] = fmt::mul_rn(d.x, factor[j]);
-          out1[j] = fmt::mul_rn(d.y, factor[j]);
+          out0[j] = fmt::mul_rn(d.x, factor[b][j]);
+          out1[j] = fmt::mul_rn(d.y, factor[b][j]);
         }
         const int64_t m = first_row + word * kRowsPerWord + r;
         if (m >= p.m) return;
@@ -1108,23 +1168,26 @@ __device__ __forceinline__ void store_transposed_tile(const DequantParams& p, in
 }
 
 template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads, kTransposedMinBlocks) dequantize_transposed_kernel(const DequantParams p, int64_t tiles, bool async_loads) {
-  __shared__ uint4 stages[kTransposedStages][kTile * kTransposedUnits];
+__global__ void __launch_bounds__(kThreads, kTransposedMinBlocks)
+    dequantize_transposed_kernel(const DequantParams p, int64_t tiles, bool async_loads, bool staged_scales) {
+  extern __shared__ uint4 transposed_stages[];  // kTransposedStages x transposed_stage_units<F>() (NVFP4: > 48 KB)
+  const auto stages = [](int s) { return transposed_stages + s * transposed_stage_units<F>(); };
   const int64_t stride = gridDim.x;
   int64_t next = blockIdx.x;  // next tile to load
 #pragma unroll
   for (int s = 0; s + 1 < kTransposedStages; ++s, next += stride) {
-    if (next < tiles) load_transposed_tile<F>(p, next, stages[s], async_loads);
+    if (next < tiles) load_transposed_tile<F>(p, next, stages(s), async_loads, staged_scales);
     cp_async_commit();  // one group per stage, empty or not, so that the wait below counts right
   }
   int stage = 0;
   for (int64_t t = blockIdx.x; t < tiles; t += stride, next += stride) {
     // The stage loaded here was last read in the previous iteration, before its closing barrier.
-    if (next < tiles) load_transposed_tile<F>(p, next, stages[(stage + kTransposedStages - 1) % kTransposedStages], async_loads);
+    if (next < tiles)
+      load_transposed_tile<F>(p, next, stages((stage + kTransposedStages - 1) % kTransposedStages), async_loads, staged_scales);
     cp_async_commit();
     cp_async_wait<kTransposedStages - 1>();  // this thread's copies of tile t have landed
     __syncthreads();                          // and everyone else's
-    store_transposed_tile<F, Out>(p, t, stages[stage]);
+    store_transposed_tile<F, Out>(p, t, stages(stage), staged_scales);
     __syncthreads();
     stage = (stage + 1) % kTransposedStages;
   }
@@ -1134,12 +1197,15 @@ template <DFmt F, typename Out>
 cudaError_t launch_dequantize_typed(DequantParams p, cudaStream_t stream) {
   const bool transposed = p.columnwise && F != DFmt::kMxfp8;
   if (transposed) {
-    p.tiles_k = fmt::cdiv(p.k, kTile);
     const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
-    const int64_t tiles = fmt::cdiv(row_bytes, int64_t(kTile)) * p.tiles_k;
+    p.tiles_m = fmt::cdiv(row_bytes, int64_t(kTile));
+    p.tiles_k = fmt::cdiv(p.k, kTile);
+    const int64_t tiles = p.tiles_m * p.tiles_k;
     const bool async_loads = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % 16 == 0;
-    const int64_t grid = std::min<int64_t>(tiles, max_resident_blocks<dequantize_transposed_kernel<F, Out>, kThreads>());
-    dequantize_transposed_kernel<F, Out><<<unsigned(grid), kThreads, 0, stream>>>(p, tiles, async_loads);
+    const bool staged_scales = F == DFmt::kNvfp4 && p.scale_cols % 16 == 0 && reinterpret_cast<uintptr_t>(p.scale) % 16 == 0;
+    constexpr int kSmem = transposed_smem_bytes<F>();
+    const int64_t grid = std::min<int64_t>(tiles, max_resident_blocks<dequantize_transposed_kernel<F, Out>, kThreads, kSmem>());
+    dequantize_transposed_kernel<F, Out><<<unsigned(grid), kThreads, kSmem, stream>>>(p, tiles, async_loads, staged_scales);
     return cudaGetLastError();
   }
   const unsigned align = F == DFmt::kNvfp4 ? 8 : 16;
