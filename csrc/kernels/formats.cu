@@ -1019,9 +1019,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const Deq
 // decoded and stored (with one tile per CTA, load, barrier, then decode: the kernel was latency-bound
 // at 61% of the copy, DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
 // 32 for NVFP4), lane l its columns 4l .. 4l + 3. NVFP4's scale bytes travel in the same pipeline
-// (staged_scales): read from global memory by each lane, 8 bytes of 8 rows apart per thread and tile,
-// the decode waited on them behind its own stores (columnwise dequantize at 69% of the copy, FP8
-// block's at 80-82%).
+// (staged_scales): read from global memory by each lane (8 bytes from 8 scale rows per thread and tile,
+// behind the thread's own stores), they held its columnwise dequantize at 69% of the copy.
 constexpr int kTransposedStages = 3;
 constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 (NVFP4: 54) KB of shared memory
 constexpr int kTransposedUnits = kTile / 16;  // 16-byte units per tile row
