@@ -11,7 +11,9 @@ fp8_block_128x128, mxfp8, nvfp4) and usage:
 - quantize: pyxfer.formats.quantize(x, fmt, rowwise=..., columnwise=...), usages rowwise, columnwise
   and both. NVFP4 gets its global amax as a tensor computed once beforehand (finding it is one more
   read of x, TE fuses it elsewhere). GB/s = (bytes of x read + bytes of the data and scale buffers
-  written) / time.
+  written) / time. One more NVFP4 row, direction "quantize+amax": rowwise with the global amax found
+  in the call (formats.quantize's default, formats.global_amax: one more read of x), same byte
+  accounting (so it shows what finding the amax costs; not a target row).
 - dequantize: qt.dequantize(usage=...) to bf16, from the rowwise and from the columnwise buffers (one
   usage is decoded per call, so "both" has no dequantize row). GB/s = (bytes of that usage's data and
   scales read + bytes of the bf16 result written) / time.
@@ -70,10 +72,6 @@ def written_bytes(qt):
 
 def usage_bytes(qt, usage):
     return nbytes([getattr(qt, f"{usage}_data"), getattr(qt, f"{usage}_scale_inv")])
-
-
-def global_amax(x):
-    return x.abs().amax().float().reshape(1)
 
 
 def quantize_call(fmt, usage, amax):
@@ -135,7 +133,7 @@ def measure(shape, device, timer):
     size = shape[0] * shape[1] * 2
     count = max(1, math.ceil(L2_DEFEAT_BYTES / size)) if device.type == "cuda" and size < L2_DEFEAT_BYTES else 1
     inputs = [torch.randn(shape, dtype=torch.bfloat16, device=device) for _ in range(count)]
-    amaxes = [global_amax(x) for x in inputs]
+    amaxes = [formats.global_amax(x) for x in inputs]
     dst = torch.empty_like(inputs[0])
     copy_ms, _ = timer(dst.copy_, inputs)
     copy_gbps = 2 * size / copy_ms / 1e6
@@ -154,6 +152,11 @@ def measure(shape, device, timer):
             api_t = timer(lambda c: c[1](c[0]), calls)
             op_t = timer(lambda c: c[2](c[0]), calls)
             add(fmt, usage, "quantize", size + written_bytes(calls[0][1](inputs[0])), api_t, op_t)
+        if fmt == "nvfp4":
+            api = lambda x: formats.quantize(x, fmt)  # noqa: E731
+            op = lambda x: torch.ops.pyxfer.quantize_nvfp4(x, formats.global_amax(x), True, False)  # noqa: E731
+            add(fmt, "rowwise", "quantize+amax", size + written_bytes(api(inputs[0])), timer(api, inputs),
+                timer(op, inputs))
         for usage in DEQUANT_USAGES:
             row, col = USAGES[usage]
             qts = [formats.quantize(x, fmt, rowwise=row, columnwise=col,

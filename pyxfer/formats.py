@@ -25,7 +25,7 @@ from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
 
 __all__ = [
     "FORMATS", "Float8BlockTensor", "MXFP8Tensor", "NVFP4Tensor", "QuantizeSpec", "QuantizedTensor",
-    "buffer_layout", "is_quantizable", "quantize", "swizzle_scales", "unswizzle_scales",
+    "buffer_layout", "global_amax", "is_quantizable", "quantize", "swizzle_scales", "unswizzle_scales",
 ]
 
 FORMATS = ("fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4")
@@ -397,11 +397,18 @@ class NVFP4Tensor(_SwizzlableTensor):
 
 
 # ---- quantize
+def global_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a 1-element float32 tensor on x's device: NVFP4's global amax when quantize is not
+    given one (NaN if x holds a NaN, 0 for an empty x). One pass over x, |x| taken inside the
+    reduction (``x.abs().amax()`` writes |x| out and reads it back: three passes)."""
+    if x.numel() == 0:
+        return torch.zeros(1, dtype=torch.float32, device=x.device)
+    return torch.linalg.vector_norm(x.detach(), ord=math.inf, dtype=torch.float32).reshape(1)
+
+
 def _global_amax(op, x, amax):
     if amax is None:
-        if x.numel() == 0:
-            return torch.zeros(1, dtype=torch.float32, device=x.device)
-        return x.detach().abs().amax().float().reshape(1)
+        return global_amax(x)
     if isinstance(amax, torch.Tensor):
         if amax.device != x.device:
             raise ValueError(f"{op}: global_amax must be on x's device ({x.device}), got {amax.device}")

@@ -442,7 +442,7 @@ class _Local:
         if not spec.is_quantizable(self.shape):
             self.send = ("plain", x)  # fallback in the input dtype
         elif spec.fmt == "nvfp4" and spec.global_amax is None:
-            self.amax_dev = (x.abs().amax().float().reshape(1),)  # global amax = max over ranks, known later
+            self.amax_dev = (formats.global_amax(x),)  # global amax = max over ranks, known later
         else:
             self.q = spec.quantize(x, swizzled=False)
             self.send = ("quantized", self.q)

@@ -554,6 +554,27 @@ def test_nvfp4_matches_reference(dtype, amax, gen):
                 check_dequantize(qt, ref, "nvfp4", usage, x, f"nvfp4 {dtype} {amax} {usage}")
 
 
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_global_amax_matches_reference(dtype, gen):
+    """formats.global_amax (NVFP4's default global amax): max |x| in fp32 for every view, with -0,
+    subnormals, infinities and NaN (which wins), and 0 for an empty tensor."""
+    def expected(x):
+        return np.array([R.nvfp4_global_amax(np32(x))], np.float32)
+
+    for name, x in views((37, 53), dtype, gen):
+        assert_same(f"global_amax {dtype} {name}", F.global_amax(x), expected(x))
+    x = make_input((5, 64), dtype, gen)
+    x[1, 3] = -float("inf")
+    assert float(F.global_amax(x)) == math.inf
+    x[2, 9] = float("nan")
+    assert math.isnan(float(F.global_amax(x)))
+    tiny = torch.full((3, 7), -torch.finfo(dtype).smallest_normal / 4, dtype=dtype)
+    tiny[0, 0] = -0.0
+    assert_same(f"global_amax {dtype} subnormal", F.global_amax(tiny), expected(tiny))
+    empty = F.global_amax(torch.empty(0, 16, dtype=dtype))
+    assert empty.dtype == torch.float32 and empty.shape == (1,) and float(empty) == 0.0
+
+
 @pytest.mark.parametrize("fmt", F.FORMATS if hasattr(F, "FORMATS") else FP8_BLOCK + ["mxfp8", "nvfp4"])
 def test_dequantize_to_every_dtype(fmt, gen):
     shape = {"mxfp8": (64, 96), "nvfp4": (32, 48)}.get(fmt, (130, 131))
