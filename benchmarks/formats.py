@@ -4,20 +4,20 @@ copy of the same input, measured in the same run.
 GPU (--device, default cuda:0): CUDA events on its current stream, warm-up, median of 20, the stream
 held by a spin kernel while the host issues the timed call (common.cuda_times, as nvbench's blocking
 kernel): the times are the GPU's work for a call issued ahead of it, as in a model's stream, and the
-host's time to issue one call is its own column ("host us"). Inputs are random bf16 (randn) of
-shapes 1024x8192 (16 MiB), 8192x16384 (256 MiB) and 16384x32768 (1 GiB), rotated over >= 256 MiB so
-that small sizes are not served from L2. Per format (fp8_block_1x128,
-fp8_block_128x128, mxfp8, nvfp4) and usage:
+host's time to issue one call is its own column ("host us"). Inputs are random (randn) of --dtype
+(default bfloat16; the sizes below are bf16's) and shapes 1024x8192 (16 MiB), 8192x16384 (256 MiB)
+and 16384x32768 (1 GiB), rotated over >= 256 MiB so that small sizes are not served from L2. Per
+format (fp8_block_1x128, fp8_block_128x128, mxfp8, nvfp4) and usage:
 - quantize: pyxfer.formats.quantize(x, fmt, rowwise=..., columnwise=...), usages rowwise, columnwise
   and both. NVFP4 gets its global amax as a tensor computed once beforehand (finding it is one more
   read of x, TE fuses it elsewhere). GB/s = (bytes of x read + bytes of the data and scale buffers
   written) / time. One more NVFP4 row, direction "quantize+amax": rowwise with the global amax found
   in the call (formats.quantize's default, formats.global_amax: one more read of x), same byte
   accounting (so it shows what finding the amax costs; not a target row).
-- dequantize: qt.dequantize(usage=...) to bf16, from the rowwise and from the columnwise buffers (one
-  usage is decoded per call, so "both" has no dequantize row). GB/s = (bytes of that usage's data and
-  scales read + bytes of the bf16 result written) / time.
-- copy (the baseline): dst.copy_(x) of the bf16 input, GB/s = (bytes read + bytes written) / time =
+- dequantize: qt.dequantize(usage=...) to the input dtype, from the rowwise and from the columnwise
+  buffers (one usage is decoded per call, so "both" has no dequantize row). GB/s = (bytes of that
+  usage's data and scales read + bytes of the result written) / time.
+- copy (the baseline): dst.copy_(x) of the input, GB/s = (bytes read + bytes written) / time =
   2 x input bytes / time. "% copy" = GB/s / copy GB/s of the same input size. Target: >= 75% at
   >= 256 MiB for every format, usage and direction.
 - "op GB/s": the native op alone (torch.ops.pyxfer.quantize_* / dequantize_*, no Python wrapper), same
@@ -28,6 +28,7 @@ quantized on the GPU and on the CPU and every buffer, and the dequantized values
 --cpu: also CPU numbers (torch.get_num_threads() threads) for --cpu-shapes, against a CPU copy_.
 
     python benchmarks/formats.py [--device cuda:0] [--shapes 1024x8192,8192x16384,16384x32768]
+                                 [--dtype bfloat16|float16|float32]
                                  [--cpu [--cpu-shapes 1024x8192]] [--json out.json]
 """
 import argparse
@@ -49,6 +50,7 @@ DEQUANT_USAGES = ("rowwise", "columnwise")
 TARGET_BYTES = 256 * MiB
 TARGET_FRACTION = 0.75
 CHECK_SHAPE = (256, 1024)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def parse_shapes(text):
@@ -89,20 +91,19 @@ def quantize_call(fmt, usage, amax):
     return api, op
 
 
-def dequantize_call(fmt, usage):
-    """(public call, native op call) decoding a QuantizedTensor's usage to bf16."""
+def dequantize_call(fmt, usage, dtype):
+    """(public call, native op call) decoding a QuantizedTensor's usage to dtype."""
     col = usage == "columnwise"
-    api = lambda q: q.dequantize(torch.bfloat16, usage=usage)  # noqa: E731
+    api = lambda q: q.dequantize(dtype, usage=usage)  # noqa: E731
     if fmt == "mxfp8":
         op = lambda q: torch.ops.pyxfer.dequantize_mxfp8(  # noqa: E731
-            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), col, FP8, torch.bfloat16)
+            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), col, FP8, dtype)
     elif fmt == "nvfp4":
         op = lambda q: torch.ops.pyxfer.dequantize_nvfp4(  # noqa: E731
-            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), getattr(q, f"amax_{usage}"), col,
-            torch.bfloat16)
+            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), getattr(q, f"amax_{usage}"), col, dtype)
     else:
         op = lambda q: torch.ops.pyxfer.dequantize_fp8_block(  # noqa: E731
-            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), q.block_dim, col, FP8, torch.bfloat16)
+            getattr(q, f"{usage}_data"), getattr(q, f"{usage}_scale_inv"), q.block_dim, col, FP8, dtype)
     return api, op
 
 
@@ -128,11 +129,11 @@ def check_against_cpu(x, fmt, usage):
             raise AssertionError(f"{fmt} {usage}: dequantize(usage={u!r}) on {x.device} differs from the CPU's")
 
 
-def measure(shape, device, timer):
+def measure(shape, device, timer, dtype):
     """Rows for one input shape: the copy baseline, then quantize and dequantize for every format and usage."""
-    size = shape[0] * shape[1] * 2
+    size = shape[0] * shape[1] * dtype.itemsize
     count = max(1, math.ceil(L2_DEFEAT_BYTES / size)) if device.type == "cuda" and size < L2_DEFEAT_BYTES else 1
-    inputs = [torch.randn(shape, dtype=torch.bfloat16, device=device) for _ in range(count)]
+    inputs = [torch.randn(shape, dtype=dtype, device=device) for _ in range(count)]
     amaxes = [formats.global_amax(x) for x in inputs]
     dst = torch.empty_like(inputs[0])
     copy_ms, _ = timer(dst.copy_, inputs)
@@ -161,7 +162,7 @@ def measure(shape, device, timer):
             row, col = USAGES[usage]
             qts = [formats.quantize(x, fmt, rowwise=row, columnwise=col,
                                     **({"global_amax": a} if fmt == "nvfp4" else {})) for x, a in zip(inputs, amaxes)]
-            api, op = dequantize_call(fmt, usage)
+            api, op = dequantize_call(fmt, usage, dtype)
             add(fmt, usage, "dequantize", usage_bytes(qts[0], usage) + size, timer(api, qts), timer(op, qts))
             del qts
     if device.type == "cuda":  # outside the timed regions
@@ -181,7 +182,7 @@ def show(title, bases, rows):
                   f"{r['ms']:.3f}", fmt_gbps(r["gbps"]), f"{r['of_copy']:.1%}", fmt_gbps(r["op_gbps"]),
                   host_us(r["host_ms"]), host_us(r["op_host_ms"])]
                  for r in rows])
-    print("copy baseline (dst.copy_(x) of the bf16 input, GB/s = 2 x input bytes / time): " +
+    print("copy baseline (dst.copy_(x) of the input, GB/s = 2 x input bytes / time): " +
           ", ".join(f"{fmt_size(b['bytes'])} {fmt_gbps(b['copy_gbps'])} GB/s" for b in bases) + "\n")
 
 
@@ -210,14 +211,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1024x8192,8192x16384,16384x32768"),
-                   help="comma-separated MxK bf16 input shapes")
+                   help="comma-separated MxK input shapes")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="input dtype")
     p.add_argument("--reps", type=int, default=20, help="timed passes per measurement (median)")
     p.add_argument("--cpu", action="store_true", help="also time the CPU implementations")
     p.add_argument("--cpu-shapes", type=parse_shapes, default=parse_shapes("1024x8192"))
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
-    result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+    dtype = DTYPES[args.dtype]
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": args.dtype,
               "method": __doc__.split("\n\n    python")[0]}
     if torch.cuda.is_available():
         device = torch.device(args.device)
@@ -225,12 +228,13 @@ def main():
         timer = lambda fn, inputs: cuda_times(fn, inputs, reps=args.reps, device=device)  # noqa: E731
         bases, rows = [], []
         for shape in args.shapes:
-            base, shape_rows = measure(shape, device, timer)
+            base, shape_rows = measure(shape, device, timer, dtype)
             bases.append(base)
             rows += shape_rows
         result["copy"], result["gpu_rows"] = bases, rows
-        show(f"pyxfer.formats on {result['gpu']} ({device}): GB/s = (bytes read + bytes written) / GPU time, CUDA "
-             f"events with the stream held while the call is issued, median of {args.reps}", bases, rows)
+        show(f"pyxfer.formats on {result['gpu']} ({device}), {args.dtype} inputs: GB/s = (bytes read + bytes "
+             f"written) / GPU time, CUDA events with the stream held while the call is issued, median of {args.reps}",
+             bases, rows)
         print(f"checked outside the timed region: CUDA == CPU bitwise on a {CHECK_SHAPE[0]}x{CHECK_SHAPE[1]} slice, "
               "every format and usage (quantize and dequantize)\n")
         result["targets"] = targets(rows)
@@ -243,11 +247,12 @@ def main():
             return cpu_time_ms(lambda xs: [fn(x) for x in xs], inputs, reps=5) / len(inputs), None
         bases, rows = [], []
         for shape in args.cpu_shapes:
-            base, shape_rows = measure(shape, torch.device("cpu"), timer)
+            base, shape_rows = measure(shape, torch.device("cpu"), timer, dtype)
             bases.append(base)
             rows += shape_rows
         result["cpu_copy"], result["cpu_rows"] = bases, rows
-        show(f"pyxfer.formats CPU implementations ({result['threads']} threads), wall clock, median of 5",
+        show(f"pyxfer.formats CPU implementations ({result['threads']} threads), {args.dtype} inputs, wall clock, "
+             "median of 5",
              bases, rows)
     write_json(args.json, result)
 
