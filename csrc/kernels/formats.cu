@@ -9,8 +9,8 @@
 // (bf16/fp16) consecutive columns, so 128/V lanes cover a row; with V = 8 the two half-warps take
 // rows [16w, 16w+8) and [16w+8, 16w+16). Each thread therefore holds NI = 64/V consecutive rows of V
 // consecutive columns: row blocks (along K) reduce over lanes with shuffles, column blocks (along M)
-// over NI rows in registers and then over row groups through shared memory (FP8 block and MXFP8 take
-// the |x| maxima of 16-bit inputs on the packed words, two per instruction: packed_max). Transposed
+// over NI rows in registers and then over row groups through shared memory (16-bit inputs take their
+// |x| maxima on the packed words, two per instruction: packed_max). Transposed
 // columnwise outputs (FP8 block, NVFP4) go through a byte tile in shared memory and leave as coalesced
 // rows; row-major FP8 codes leave as words (encode_fp8_words).
 // NVFP4 has no E2M1 conversion instruction below SM 100, so its per-element work is kept small: the
@@ -152,9 +152,8 @@ struct QuantParams {
 
 // NOTE: the amax reductions below use fmaxf (one FMNMX) instead of fmt::max_f: both drop a NaN
 // operand, and every operand here is non-negative (|x|, or a max of those starting at +0), where the
-// two agree bit for bit (no signed zeros to order). |x| is fmt::abs_f (a LOP3 that the compiler can
-// apply to the raw 16-bit words: fewer live registers) or, for NVFP4, whose elements are unpacked to
-// fp32 anyway for the multiply, fabsf (the same bits, as a free FMNMX operand modifier).
+// two agree bit for bit (no signed zeros to order). On fp32 inputs (16-bit ones take packed maxima),
+// |x| is fmt::abs_f or, for NVFP4, fabsf (the same bits, as a free FMNMX operand modifier).
 __device__ __forceinline__ float shfl_max(float v, int offset) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
 }
