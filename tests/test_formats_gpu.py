@@ -245,6 +245,25 @@ def test_amax_edge_blocks_cpu_equals_cuda(gen):
         assert_every_format_cpu_equals_cuda("edge blocks", x, 4.0)
 
 
+def test_nvfp4_encodes_near_the_clamp_cpu_equals_cuda(gen):
+    """The CUDA NVFP4 encodes skip their clamp to 6 where every block of a warp (rowwise) or a tile
+    (columnwise) scales below 7 and holds no NaN: global amaxes that saturate the block scales (below
+    the data's amax), leave them normal, or put them among E4M3's subnormals (scaled values up to 9);
+    data of one magnitude and of many; a NaN in one tile only, so one tile clamps and the others need
+    not; every usage."""
+    for dtype in IN_DTYPES:
+        for span in ((0.0, 0.0), (-4.0, 4.0)):
+            x = make_input((384, 512), dtype, gen, span=span)
+            x[300, 400] = float("nan")
+            amax = float(x.float().nan_to_num(0.0).abs().max())
+            xg = x.cuda()
+            for ga in (amax / 3, amax, amax * 64, amax * 4096):
+                for usage in USAGES:
+                    assert_qt_equal(f"nvfp4 {dtype} span {span} global amax {ga:g} {usage}",
+                                    quantize(x, "nvfp4", usage, global_amax=torch.tensor([ga])),
+                                    quantize(xg, "nvfp4", usage, global_amax=torch.tensor([ga], device="cuda")))
+
+
 def test_zero_size_on_cuda():
     for fmt in FORMATS:
         x = torch.empty(0, 128, device="cuda")

@@ -15,7 +15,9 @@
 // rows; row-major FP8 codes leave as words (encode_fp8_words).
 // NVFP4 has no E2M1 conversion instruction below SM 100, so its per-element work is kept small: the
 // code comes from three rounded lines (e2m1_code_bits), and each block's scale is derived once (the
-// lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory).
+// lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory,
+// their multipliers looked up in a per-CTA table of the 128 scale bytes); the clamp to 6 is skipped
+// where no block can reach 7 (kUnclampedBound).
 //
 // Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
 // per thread, all loads issued first (16-byte or 8-byte loads, 16-byte stores); transposed data
@@ -104,6 +106,28 @@ __device__ __forceinline__ uint32_t packed_max(uint32_t a, uint32_t b) {
   else if constexpr (std::is_same<In, Bf16>::value) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   else if constexpr (kAbs) asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// max(|a|, |b|) per half as packed_max<In, true>, but a NaN operand gives a NaN (max.NaN; the same
+// bits when neither is one). The sign bits are unspecified: callers clear them (abs2) at the end.
+template <typename In>
+__device__ __forceinline__ uint32_t packed_abs_max_nan(uint32_t a, uint32_t b) {
+  uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+  if constexpr (std::is_same<In, Bf16>::value) asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+  if constexpr (std::is_same<In, Bf16>::value) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(abs2(a)), "r"(abs2(b)));
+  else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(abs2(a)), "r"(abs2(b)));
+#endif
+  return d;
+}
+
+// fmaxf that returns a NaN when either operand is one (max.NaN.f32; |x| operands fold into it).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
   return d;
 }
 
@@ -201,24 +225,30 @@ __device__ __forceinline__ uint32_t e2m1_code_bits(float c) {
 __host__ __device__ constexpr uint32_t e2m1_pack_bias(int n) { return n == 0 ? 0u : (0x4B000000u << (4 * (n - 1))) + e2m1_pack_bias(n - 1); }
 
 // N (4 or 8) fmt::encode_e2m1 codes of y[] packed into nibbles, element j in bits [4j, 4j + 4). The
-// magnitude is min(|y|, 6), which maps NaN to 6 (fminf drops a NaN operand); the sign bit of y is the
+// magnitude is min(|y|, 6), which maps NaN to 6 (fminf drops a NaN operand), or with !kClamp |y|
+// itself, for callers that know every y to be a number below kUnclampedBound; the sign bit of y is the
 // code's bit 3, and a NaN y has it clear: y is always a product (fmt::mul_rn), and the GPU's fp32
 // arithmetic returns the one canonical NaN, 0x7FFFFFFF, whatever the operands' NaN signs (so a NaN
 // encodes as +6, 0x7, as fmt::encode_e2m1 does; the GPU tests feed negative NaNs). Checked on the host
 // against fmt::encode_e2m1 for all 2^32 floats y. Per element: 1 FMNMX, 3 FFMA/FADD, 1 min, and two
 // packing steps, each linear mod 2^32 (acc << 1 | sign as a funnel shift, acc * 8 + bits as one
 // IMAD), whose 0x4B000000 parts sum to a constant subtracted once.
-template <int N>
+template <int N, bool kClamp>
 __device__ __forceinline__ uint32_t pack_e2m1(const float (&y)[N]) {
   uint32_t acc = 0;
 #pragma unroll
   for (int j = N - 1; j >= 0; --j) {
     acc = __funnelshift_l(__float_as_uint(y[j]), acc, 1);
-    acc = acc * 8u + e2m1_code_bits(fminf(fabsf(y[j]), fmt::kE2M1Max));
+    acc = acc * 8u + e2m1_code_bits(kClamp ? fminf(fabsf(y[j]), fmt::kE2M1Max) : y[j]);
   }
   constexpr uint32_t kBias = e2m1_pack_bias(N);
   return acc - kBias;
 }
+
+// Below 7 the clamp changes no code: on [6, 7) the lowest line, |c| / 2 + 4, rounds to 7 as 6 does
+// (checked on the host with the rest, for all 2^32 floats). A block with RN(amax * multiplier) below
+// it has every |y| = RN(|x| * multiplier) below it too (rounding is monotonic), if x holds no NaN.
+constexpr float kUnclampedBound = 7.0f;
 
 // Two fmt::encode_fp8 results (lo in the low byte) from one conversion instruction on SM 89+: the
 // same cvt.rn.satfinite.*x2.f32 that fmt::encode_fp8 issues with a zero in the other half.
@@ -243,17 +273,35 @@ __device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
 
 __device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
 
-// fmt::nvfp4_block with the E4M3 conversions in hardware on SM 89+ (fmt::encode_fp8, decode_fp8x2),
-// bit for bit: the hardware's cvt.rn.satfinite equals fmt::encode_fp8_sw for every non-NaN input, and
-// s_dec_b is never NaN (min_f(v, FLT_MAX) returns FLT_MAX when v is NaN), so the scale byte is never
-// an E4M3 NaN and the decode is exact. s_enc_sixth = RN(S_enc * fl32(1/6)), the factor that
-// fmt::nvfp4_block computes for every block.
-__device__ __forceinline__ fmt::Nvfp4Block nvfp4_block_fast(float block_amax, float s_enc_sixth, float s_dec) {
-  const float s_dec_b = fmt::min_f(fmt::mul_rn(block_amax, s_enc_sixth), fmt::kFloatMax);
+// The per-tensor factors of NVFP4 from the global amax: s_enc_sixth = RN(S_enc * fl32(1/6)), which
+// fmt::nvfp4_block computes for every block, and s_dec = fl32(1 / S_enc) computed in double.
+struct Nvfp4TensorScales {
+  float s_enc_sixth, s_dec;
+};
+__device__ __forceinline__ Nvfp4TensorScales nvfp4_tensor_scales(float global_amax) {
+  const float s_enc = fmt::nvfp4_encode_scale(global_amax);
+  return {fmt::mul_rn(s_enc, float(1.0 / 6.0)), static_cast<float>(1.0 / static_cast<double>(s_enc))};
+}
+
+// fmt::nvfp4_multiplier with the E4M3 decode in hardware on SM 89+ (decode_fp8x2; exact).
+__device__ __forceinline__ float nvfp4_multiplier_fast(uint8_t scale, float s_dec) {
+  const float denom = fmt::mul_rn(decode_fp8_one(scale, fmt::kE4M3), s_dec);
+  return denom == 0.0f ? fmt::kFloatMax : fmt::min_f(1.0f / denom, fmt::kFloatMax);
+}
+
+// fmt::nvfp4_block with the E4M3 conversions in hardware on SM 89+ (fmt::encode_fp8,
+// nvfp4_multiplier_fast), bit for bit: the hardware's cvt.rn.satfinite equals fmt::encode_fp8_sw for
+// every non-NaN input, and s_dec_b is never NaN (min_f(v, FLT_MAX) returns FLT_MAX when v is NaN)
+// nor negative, so the scale byte is one of 0 .. 0x7E. The multiplier comes from `multiplier_of`
+// where the CTA filled that table (nvfp4_multiplier_fast of every byte below kNvfp4Scales: one
+// division per byte instead of one per block), else from a division here.
+constexpr int kNvfp4Scales = 128;
+__device__ __forceinline__ fmt::Nvfp4Block nvfp4_block_fast(float block_amax, const Nvfp4TensorScales& t,
+                                                             const float* multiplier_of = nullptr) {
+  const float s_dec_b = fmt::min_f(fmt::mul_rn(block_amax, t.s_enc_sixth), fmt::kFloatMax);
   fmt::Nvfp4Block b;
   b.scale = fmt::encode_fp8(s_dec_b, fmt::kE4M3);
-  const float denom = fmt::mul_rn(decode_fp8_one(b.scale, fmt::kE4M3), s_dec);
-  b.multiplier = denom == 0.0f ? fmt::kFloatMax : fmt::min_f(1.0f / denom, fmt::kFloatMax);
+  b.multiplier = multiplier_of != nullptr ? multiplier_of[b.scale] : nvfp4_multiplier_fast(b.scale, t.s_dec);
   return b;
 }
 
@@ -293,6 +341,32 @@ __device__ __forceinline__ void store_fp8_words(uint8_t* dst, const uint32_t (&w
 #pragma unroll
   for (int j = 0; j < V; ++j)
     if (j < valid) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+}
+
+// The |x| maxima of the V columns over the NI rows of raw / v (zeros outside the matrix do not change
+// an amax): fmaxf chains from +0 (16-bit inputs on the packed words, packed_max), or with kNan the
+// same chains propagating NaN (max.NaN: equal bits when there is none, and as cheap, 16-bit inputs
+// taking |x| in the instruction).
+template <typename In, bool kNan, int NI, int V>
+__device__ __forceinline__ void column_abs_max(const uint4 (&raw)[NI], const float (&v)[NI][V], float (&cpart)[V]) {
+  if constexpr (In::kPacked) {
+#pragma unroll
+    for (int w = 0; w < V / 2; ++w) {
+      uint32_t m = kNan ? word_of(raw[0], w) : abs2(word_of(raw[0], w));
+#pragma unroll
+      for (int i = 1; i < NI; ++i) m = kNan ? packed_abs_max_nan<In>(m, word_of(raw[i], w)) : packed_max<In>(m, abs2(word_of(raw[i], w)));
+      if (kNan) m = abs2(m);  // the sign of an xorsign chain is the XOR of its operands'
+      cpart[2 * w] = kNan ? In::from_bits(m & 0xFFFFu) : fmaxf(In::from_bits(m & 0xFFFFu), 0.0f);
+      cpart[2 * w + 1] = kNan ? In::from_bits(m >> 16) : fmaxf(In::from_bits(m >> 16), 0.0f);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      cpart[j] = kNan ? fabsf(v[0][j]) : 0.0f;
+#pragma unroll
+      for (int i = kNan ? 1 : 0; i < NI; ++i) cpart[j] = kNan ? fmax_nan(cpart[j], fabsf(v[i][j])) : fmaxf(cpart[j], fmt::abs_f(v[i][j]));
+    }
+  }
 }
 
 // The amax of column c of a tile over kCount row groups from `first`: a column block, from the row
@@ -375,10 +449,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
-  // The |x| maxima of 16-bit inputs come from the packed words (packed_max), two values per
+  // The |x| maxima of 16-bit inputs come from the packed words (In::kPacked), two values per
   // instruction (for NVFP4 too: ncu, bf16 8192 x 16384, rowwise / columnwise / both 105.7 / 114.7 /
   // 180.8 us with fp32 column maxima, 99.5 / 111.8 / 175.3 us packed).
-  constexpr bool kPackedAmax = In::kPacked;
   float v[NI][V];
   uint4 raw[NI];
   {
@@ -401,25 +474,31 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       for (int j = 0; j < V; ++j) v[i][j] = In::get(raw[i], j);
   }
 
-  // Column amax over this thread's NI rows (zeros outside the matrix do not change an amax).
-  float cpart[V];
-  if constexpr (kPackedAmax) {
-#pragma unroll
-    for (int w = 0; w < V / 2; ++w) {
-      uint32_t m = abs2(word_of(raw[0], w));
-#pragma unroll
-      for (int i = 1; i < NI; ++i) m = packed_max<In>(m, abs2(word_of(raw[i], w)));
-      cpart[2 * w] = fmaxf(In::from_bits(m & 0xFFFFu), 0.0f);
-      cpart[2 * w + 1] = fmaxf(In::from_bits(m >> 16), 0.0f);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      cpart[j] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < NI; ++i) cpart[j] = fmaxf(cpart[j], F == QFmt::kNvfp4 ? fabsf(v[i][j]) : fmt::abs_f(v[i][j]));
-    }
+  // NVFP4 columnwise (and both usages): the per-tensor factors, and the multiplier of every scale byte
+  // (nvfp4_table), filled while the loads are in flight and read after the barrier below. Rowwise
+  // alone, 4 blocks per thread, divides per block and takes the factors after the barrier (before
+  // it, and with the table, it ran 2 points of the copy slower: call 2 of the session's notes).
+  __shared__ float nvfp4_table[F == QFmt::kNvfp4 ? kNvfp4Scales : 1];
+  const float* nvfp4_multiplier_of = F == QFmt::kNvfp4 && columnwise ? nvfp4_table : nullptr;
+  Nvfp4TensorScales nvfp4{1.0f, 1.0f};
+  if (F == QFmt::kNvfp4 && columnwise) {
+    nvfp4 = nvfp4_tensor_scales(*p.global_amax);
+    static_assert(kNvfp4Scales <= kThreads, "one table entry per thread");
+    if (threadIdx.x < kNvfp4Scales) nvfp4_table[threadIdx.x] = nvfp4_multiplier_fast(uint8_t(threadIdx.x), nvfp4.s_dec);
   }
+
+  // Column amax over this thread's NI rows. NVFP4 columnwise takes it propagating NaN first, so that
+  // it shows whether any element of this thread is a NaN; only then (rare) is it taken again dropping
+  // NaN. Without a NaN, the E2M1 encodes of a tile (columnwise) or warp (rowwise, with both usages)
+  // whose blocks all scale below kUnclampedBound skip their clamp (pack_e2m1).
+  float cpart[V];
+  bool nan_here = false;
+  if (F == QFmt::kNvfp4 && columnwise) {
+    column_abs_max<In, true>(raw, v, cpart);
+#pragma unroll
+    for (int j = 0; j < V; ++j) nan_here |= isnan(cpart[j]);
+  }
+  if (F != QFmt::kNvfp4 || nan_here) column_abs_max<In, false>(raw, v, cpart);
   if (F == QFmt::kFp8Block2d) {
     float a = cpart[0];
 #pragma unroll
@@ -447,12 +526,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
   }
 
-  float s_enc_sixth = 1.0f, s_dec = 1.0f;
-  if (F == QFmt::kNvfp4) {
-    const float s_enc = fmt::nvfp4_encode_scale(*p.global_amax);
-    s_enc_sixth = fmt::mul_rn(s_enc, float(1.0 / 6.0));  // as fmt::nvfp4_block
-    s_dec = static_cast<float>(1.0 / static_cast<double>(s_enc));
-  }
+  if (F == QFmt::kNvfp4 && !columnwise) nvfp4 = nvfp4_tensor_scales(*p.global_amax);
 
   // ---- MXFP8 columnwise (not transposed: written row by row next to the rowwise data). The tile's
   // kTile x kMxColBlocks column blocks (kBlock rows along M) each get their scale from one thread,
@@ -494,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       float a = 0.0f;
-      if constexpr (kPackedAmax) {
+      if constexpr (In::kPacked) {
         a = row_abs_max_packed<In>(raw[i]);
       } else {
 #pragma unroll
@@ -517,13 +591,8 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     float amax[NI];
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
-      if constexpr (kPackedAmax) {
-        amax[i] = row_abs_max_packed<In>(raw[i]);
-      } else {
-        amax[i] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < V; ++j) amax[i] = fmaxf(amax[i], fabsf(v[i][j]));
-      }
+      if constexpr (In::kPacked) amax[i] = row_abs_max_packed<In>(raw[i]);
+      else amax[i] = row_abs_max(v[i]);
     }
     // Chunk c (slots [c * kOwnRows, ...)) of lane q holds the rows that the partner q ^ d keeps in its
     // chunk c ^ d; each round keeps the chunks with bit d clear and folds in the partner's other one.
@@ -535,11 +604,14 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         for (int s = 0; s < kOwnRows; ++s)
           amax[c * kOwnRows + s] = fmaxf(amax[c * kOwnRows + s], __shfl_xor_sync(0xffffffffu, amax[(c + d) * kOwnRows + s], d));
     float multiplier[NI];
+    // Unclamped encodes need the NaN test of the column maxima: with both usages only.
+    bool unclamped = columnwise && !nan_here;
     uint8_t* scale_dst = opaque(static_cast<uint8_t*>(p.row_scale) + (m0 + row0 + perm) * p.row_scale_cols + gc / kBlock);
 #pragma unroll
     for (int s = 0; s < kOwnRows; ++s) {
-      const fmt::Nvfp4Block b = nvfp4_block_fast(amax[s], s_enc_sixth, s_dec);
+      const fmt::Nvfp4Block b = nvfp4_block_fast(amax[s], nvfp4, nvfp4_multiplier_of);
       multiplier[s] = b.multiplier;
+      unclamped &= fmt::mul_rn(amax[s], b.multiplier) < kUnclampedBound;
       if (perm + s < rows_here && col_valid > 0) scale_dst[s * p.row_scale_cols] = b.scale;
     }
 #pragma unroll
@@ -550,19 +622,24 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         for (int s = 0; s < kOwnRows; ++s)
           multiplier[(c + d) * kOwnRows + s] = __shfl_xor_sync(0xffffffffu, multiplier[c * kOwnRows + s], d);
     uint8_t* data_dst = opaque(p.row_data + (m0 + row0) * (p.k / 2) + gc / 2);
+    // The warp's rows are its lanes' own blocks: one vote decides whether its encodes clamp.
+    auto encode_rows = [&](auto clamp) {
 #pragma unroll
-    for (int i = 0; i < NI; ++i) {
-      float y[V];
+      for (int i = 0; i < NI; ++i) {
+        float y[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], multiplier[i]);
-      const uint32_t packed = pack_e2m1<V>(y);
-      const int r = i ^ perm;
-      if (r < rows_here && col_valid > 0) {
-        uint8_t* dst = data_dst + r * (p.k / 2);
-        if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
-        else *reinterpret_cast<uint32_t*>(dst) = packed;
+        for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], multiplier[i]);
+        const uint32_t packed = pack_e2m1<V, decltype(clamp)::value>(y);
+        const int r = i ^ perm;
+        if (r < rows_here && col_valid > 0) {
+          uint8_t* dst = data_dst + r * (p.k / 2);
+          if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
+          else *reinterpret_cast<uint32_t*>(dst) = packed;
+        }
       }
-    }
+    };
+    if (__all_sync(0xffffffffu, unclamped)) encode_rows(std::false_type{});
+    else encode_rows(std::true_type{});
   }
 
   // ---- MXFP8 rowwise: the kMxLanes lanes of a row block all hold the block amax of each of the NI
@@ -579,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       float a;
-      if constexpr (kPackedAmax) a = row_abs_max_packed<In>(raw[i]);
+      if constexpr (In::kPacked) a = row_abs_max_packed<In>(raw[i]);
       else a = row_abs_max(v[i]);
 #pragma unroll
       for (int offset = kMxLanes / 2; offset > 0; offset >>= 1) a = shfl_max(a, offset);
@@ -674,14 +751,16 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     constexpr int kPerThread = kTile * kColBlocks / kThreads;
     constexpr int kGroupsPerBlock = kBlock / NI;
     __shared__ float col_multiplier[kColBlocks][kTile];
+    bool unclamped = !nan_here;
     {
       const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
       uint32_t scales = 0;
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {
         const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
-        const fmt::Nvfp4Block b = nvfp4_block_fast(a, s_enc_sixth, s_dec);
+        const fmt::Nvfp4Block b = nvfp4_block_fast(a, nvfp4, nvfp4_multiplier_of);
         col_multiplier[b0 + u][c] = b.multiplier;
+        unclamped &= fmt::mul_rn(a, b.multiplier) < kUnclampedBound;
         scales |= uint32_t(b.scale) << (8 * u);
       }
       const int64_t mb0 = m0 / kBlock + b0;  // first block (along M) of this thread
@@ -696,30 +775,35 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         }
       }
     }
-    __syncthreads();
+    // Every thread's elements meet the multipliers of other threads' blocks: the CTA votes.
+    const bool clamp = !__syncthreads_and(unclamped);
     float multiplier[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) multiplier[j] = col_multiplier[row0 / kBlock][col0 + j];
+    auto encode_columns = [&](auto clamp) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int c = col0 + j;
-      uint32_t w[NI / 8];  // in slot order
+      for (int j = 0; j < V; ++j) {
+        const int c = col0 + j;
+        uint32_t w[NI / 8];  // in slot order
 #pragma unroll
-      for (int t = 0; t < NI / 8; ++t) {
-        float y[8];
+        for (int t = 0; t < NI / 8; ++t) {
+          float y[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) y[u] = fmt::mul_rn(v[8 * t + u][j], multiplier[j]);
-        w[t] = pack_e2m1<8>(y);
+          for (int u = 0; u < 8; ++u) y[u] = fmt::mul_rn(v[8 * t + u][j], multiplier[j]);
+          w[t] = pack_e2m1<8, decltype(clamp)::value>(y);
+        }
+#pragma unroll
+        for (int t = 0; t < NI / 8; ++t) {
+          // Rows 8t..8t+7 sit in slots (8t..8t+7) ^ perm (perm a multiple of 4): word t ^ (perm / 8),
+          // halves swapped when perm & 4.
+          const uint32_t ws = (perm & 8) ? w[t ^ ((NI / 8) - 1)] : w[t];
+          const int q = row0 / 8 + t;
+          out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = __funnelshift_l(ws, ws, (perm & 4) * 4);
+        }
       }
-#pragma unroll
-      for (int t = 0; t < NI / 8; ++t) {
-        // Rows 8t..8t+7 sit in slots (8t..8t+7) ^ perm (perm a multiple of 4): word t ^ (perm / 8),
-        // halves swapped when perm & 4.
-        const uint32_t ws = (perm & 8) ? w[t ^ ((NI / 8) - 1)] : w[t];
-        const int q = row0 / 8 + t;
-        out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = __funnelshift_l(ws, ws, (perm & 4) * 4);
-      }
-    }
+    };
+    if (clamp) encode_columns(std::true_type{});
+    else encode_columns(std::false_type{});
   }
   __syncthreads();
 

@@ -207,14 +207,20 @@ struct Nvfp4Block {
   float multiplier;   // applied to each element before the E2M1 conversion
 };
 
+// The multiplier of a block whose scale byte is `scale`: a function of the byte alone (for one s_dec),
+// so that the GPU kernels can take it from a 128-entry table.
+PYXFER_HOST_DEVICE float nvfp4_multiplier(uint8_t scale, float s_dec) {
+  const float denom = mul_rn(decode_fp8(scale, kE4M3), s_dec);
+  return denom == 0.0f ? kFloatMax : min_f(1.0f / denom, kFloatMax);
+}
+
 // s_enc = nvfp4_encode_scale(A), s_dec = fl32(1 / s_enc) computed in double (TE's generic kernel).
 PYXFER_HOST_DEVICE Nvfp4Block nvfp4_block(float block_amax, float s_enc, float s_dec) {
   const float kOneSixth = float(1.0 / 6.0);
   const float s_dec_b = min_f(mul_rn(block_amax, mul_rn(s_enc, kOneSixth)), kFloatMax);
   Nvfp4Block b;
   b.scale = encode_fp8_sw(s_dec_b, kE4M3);
-  const float denom = mul_rn(decode_fp8(b.scale, kE4M3), s_dec);
-  b.multiplier = denom == 0.0f ? kFloatMax : min_f(1.0f / denom, kFloatMax);
+  b.multiplier = nvfp4_multiplier(b.scale, s_dec);
   return b;
 }
 
