@@ -443,9 +443,14 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   const int64_t gc = k0 + col0;  // first global column of this thread
   const int col_valid = kInterior ? V : gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
   const bool rowwise = p.row_data != nullptr, columnwise = p.col_data != nullptr;
-  // NVFP4: slot i of v holds tile row row0 + (i ^ perm), so that the kOwnRows rows whose block scales
-  // this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane parity).
-  const int perm = F == QFmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
+  // NVFP4 rowwise: slot i of v holds tile row row0 + (i ^ perm), so that the kOwnRows rows whose block
+  // scales this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane
+  // parity in the reductions). Loads and stores still take whole rows per instruction where the lanes
+  // of a block are two (kSelectRows: 16-bit inputs): the slots are selected from the rows in registers,
+  // so that each store writes whole sectors (a lane pair per 32 bytes; ncu, run L: L2 write requests of
+  // the both-usage kernel 6.2M -> 4.2M per 256 MiB with the column scales below).
+  const int perm = F == QFmt::kNvfp4 && rowwise ? (lane % kBlockLanes) * kOwnRows : 0;
+  constexpr bool kSelectRows = F == QFmt::kNvfp4 && kBlockLanes == 2;
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
@@ -460,13 +465,21 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
 #pragma unroll
       for (int i = 0; i < NI; ++i) {
-        const int r = i ^ perm;
+        const int r = kSelectRows ? i : i ^ perm;
         raw[i] = make_uint4(0, 0, 0, 0);
         if (kInterior || (r < rows_here && gc < p.k)) raw[i] = __ldcs(reinterpret_cast<const uint4*>(base + r * stride));
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + (i ^ perm), gc, p.m, p.k);
+      for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + (kSelectRows ? i : i ^ perm), gc, p.m, p.k);
+    }
+    if (kSelectRows && rowwise) {  // rows i and i ^ kOwnRows trade places where perm != 0
+#pragma unroll
+      for (int i = 0; i < kOwnRows; ++i) {
+        const uint4 a = raw[i], b = raw[i + kOwnRows];
+        raw[i] = perm != 0 ? b : a;
+        raw[i + kOwnRows] = perm != 0 ? a : b;
+      }
     }
 #pragma unroll
     for (int i = 0; i < NI; ++i)
@@ -624,17 +637,22 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     uint8_t* data_dst = opaque(p.row_data + (m0 + row0) * (p.k / 2) + gc / 2);
     // The warp's rows are its lanes' own blocks: one vote decides whether its encodes clamp.
     auto encode_rows = [&](auto clamp) {
+      uint32_t packed[NI];  // by slot
 #pragma unroll
       for (int i = 0; i < NI; ++i) {
         float y[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], multiplier[i]);
-        const uint32_t packed = pack_e2m1<V, decltype(clamp)::value>(y);
-        const int r = i ^ perm;
+        packed[i] = pack_e2m1<V, decltype(clamp)::value>(y);
+      }
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {  // kSelectRows: row i, else slot i (row i ^ perm)
+        const int r = kSelectRows ? i : i ^ perm;
+        const uint32_t w = kSelectRows ? (perm != 0 ? packed[i ^ kOwnRows] : packed[i]) : packed[i];
         if (r < rows_here && col_valid > 0) {
           uint8_t* dst = data_dst + r * (p.k / 2);
-          if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(packed);
-          else *reinterpret_cast<uint32_t*>(dst) = packed;
+          if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(w);
+          else *reinterpret_cast<uint32_t*>(dst) = w;
         }
       }
     };
@@ -746,37 +764,41 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
   } else {  // NVFP4: nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
     // The 128 x kColBlocks column blocks' scales, kPerThread consecutive blocks of one column per
-    // thread: derived once (not by every row group of a block) and shared through shared memory; the
-    // thread's scale bytes are adjacent in col_scale, so they leave as one word where aligned.
+    // thread: derived once (not by every row group of a block) and shared through shared memory.
     constexpr int kPerThread = kTile * kColBlocks / kThreads;
     constexpr int kGroupsPerBlock = kBlock / NI;
+    static_assert(F != QFmt::kNvfp4 || kPerThread * 2 == kColBlocks, "two threads per column");
     __shared__ float col_multiplier[kColBlocks][kTile];
+    __shared__ uint32_t col_scales_hi[kTile];  // scale bytes of the second thread of each column
     bool unclamped = !nan_here;
-    {
-      const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
-      uint32_t scales = 0;
+    const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
+    uint32_t scales = 0;
 #pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
-        const fmt::Nvfp4Block b = nvfp4_block_fast(a, nvfp4, nvfp4_multiplier_of);
-        col_multiplier[b0 + u][c] = b.multiplier;
-        unclamped &= fmt::mul_rn(a, b.multiplier) < kUnclampedBound;
-        scales |= uint32_t(b.scale) << (8 * u);
-      }
-      const int64_t mb0 = m0 / kBlock + b0;  // first block (along M) of this thread
-      if (kInterior || (k0 + c < p.k && mb0 * kBlock < p.m)) {
-        uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + c) * p.col_scale_cols + mb0;
-        if ((kInterior || (mb0 + kPerThread) * kBlock <= p.m) && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
-          *reinterpret_cast<uint32_t*>(dst) = scales;
-        } else {
-#pragma unroll
-          for (int u = 0; u < kPerThread; ++u)
-            if ((mb0 + u) * kBlock < p.m) dst[u] = uint8_t(scales >> (8 * u));
-        }
-      }
+    for (int u = 0; u < kPerThread; ++u) {
+      const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
+      const fmt::Nvfp4Block b = nvfp4_block_fast(a, nvfp4, nvfp4_multiplier_of);
+      col_multiplier[b0 + u][c] = b.multiplier;
+      unclamped &= fmt::mul_rn(a, b.multiplier) < kUnclampedBound;
+      scales |= uint32_t(b.scale) << (8 * u);
     }
+    if (b0 != 0) col_scales_hi[c] = scales;
     // Every thread's elements meet the multipliers of other threads' blocks: the CTA votes.
     const bool clamp = !__syncthreads_and(unclamped);
+    // Each column's kColBlocks scale bytes leave from its first thread, 8 bytes at once where aligned:
+    // the tile has only these 8 bytes of each col_scale row, so one partial-sector write per row, not
+    // two (L2 write requests of the columnwise kernel 3.1M -> 2.1M per 256 MiB; ncu, run L).
+    if (b0 == 0 && (kInterior || k0 + c < p.k)) {
+      const int64_t mb0 = m0 / kBlock;  // first block (along M) of the tile
+      const uint32_t hi = col_scales_hi[c];
+      uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + c) * p.col_scale_cols + mb0;
+      if ((kInterior || m0 + kTile <= p.m) && reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(scales, hi);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kColBlocks; ++u)
+          if ((mb0 + u) * kBlock < p.m) dst[u] = uint8_t((u < kPerThread ? scales : hi) >> (8 * (u - (u < kPerThread ? 0 : kPerThread))));
+      }
+    }
     float multiplier[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) multiplier[j] = col_multiplier[row0 / kBlock][col0 + j];
