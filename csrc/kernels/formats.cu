@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // NVFP4 columnwise (and both usages): the per-tensor factors, and the multiplier of every scale byte
   // (nvfp4_table), filled while the loads are in flight and read after the barrier below. Rowwise
   // alone, 4 blocks per thread, divides per block and takes the factors after the barrier (before
-  // it, and with the table, it ran 2 points of the copy slower: call 2 of the session's notes).
+  // it, and with the table, it ran 2 points of the copy slower: benchmarks/RESULTS.md, run L).
   __shared__ float nvfp4_table[F == QFmt::kNvfp4 ? kNvfp4Scales : 1];
   const float* nvfp4_multiplier_of = F == QFmt::kNvfp4 && columnwise ? nvfp4_table : nullptr;
   Nvfp4TensorScales nvfp4{1.0f, 1.0f};
@@ -771,32 +771,32 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     __shared__ float col_multiplier[kColBlocks][kTile];
     __shared__ uint32_t col_scales_hi[kTile];  // scale bytes of the second thread of each column
     bool unclamped = !nan_here;
-    const int c = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;
+    const int sc = threadIdx.x % kTile, b0 = (threadIdx.x / kTile) * kPerThread;  // column, first block
     uint32_t scales = 0;
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
-      const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, c);
+      const float a = column_block_amax<kGroupsPerBlock>(col_part, (b0 + u) * kGroupsPerBlock, sc);
       const fmt::Nvfp4Block b = nvfp4_block_fast(a, nvfp4, nvfp4_multiplier_of);
-      col_multiplier[b0 + u][c] = b.multiplier;
+      col_multiplier[b0 + u][sc] = b.multiplier;
       unclamped &= fmt::mul_rn(a, b.multiplier) < kUnclampedBound;
       scales |= uint32_t(b.scale) << (8 * u);
     }
-    if (b0 != 0) col_scales_hi[c] = scales;
+    if (b0 != 0) col_scales_hi[sc] = scales;
     // Every thread's elements meet the multipliers of other threads' blocks: the CTA votes.
     const bool clamp = !__syncthreads_and(unclamped);
     // Each column's kColBlocks scale bytes leave from its first thread, 8 bytes at once where aligned:
     // the tile has only these 8 bytes of each col_scale row, so one partial-sector write per row, not
     // two (L2 write requests of the columnwise kernel 3.1M -> 2.1M per 256 MiB; ncu, run L).
-    if (b0 == 0 && (kInterior || k0 + c < p.k)) {
+    if (b0 == 0 && (kInterior || k0 + sc < p.k)) {
       const int64_t mb0 = m0 / kBlock;  // first block (along M) of the tile
-      const uint32_t hi = col_scales_hi[c];
-      uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + c) * p.col_scale_cols + mb0;
+      const uint64_t bytes = uint64_t(col_scales_hi[sc]) << (8 * kPerThread) | scales;
+      uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + sc) * p.col_scale_cols + mb0;
       if ((kInterior || m0 + kTile <= p.m) && reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(scales, hi);
+        *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(bytes), uint32_t(bytes >> 32));
       } else {
 #pragma unroll
         for (int u = 0; u < kColBlocks; ++u)
-          if ((mb0 + u) * kBlock < p.m) dst[u] = uint8_t((u < kPerThread ? scales : hi) >> (8 * (u - (u < kPerThread ? 0 : kPerThread))));
+          if ((mb0 + u) * kBlock < p.m) dst[u] = uint8_t(bytes >> (8 * u));
       }
     }
     float multiplier[V];
