@@ -248,20 +248,23 @@ def test_amax_edge_blocks_cpu_equals_cuda(gen):
 def test_nvfp4_encodes_near_the_clamp_cpu_equals_cuda(gen):
     """The CUDA NVFP4 encodes skip their clamp to 6 where every block of a warp (rowwise) or a tile
     (columnwise) scales below 7 and holds no NaN: global amaxes that saturate the block scales (below
-    the data's amax), leave them normal, or put them among E4M3's subnormals (scaled values up to 9);
+    the data's amax), leave them normal, or put them among E4M3's subnormals (scaled values up to 9),
+    and a negative one (a tensor's value is not checked: its scale bytes are E4M3's negative half);
     data of one magnitude and of many; a NaN in one tile only, so one tile clamps and the others need
-    not; every usage."""
+    not; whole tiles, partial edge tiles and a misaligned view; every usage."""
     for dtype in IN_DTYPES:
         for span in ((0.0, 0.0), (-4.0, 4.0)):
-            x = make_input((384, 512), dtype, gen, span=span)
-            x[300, 400] = float("nan")
-            amax = float(x.float().nan_to_num(0.0).abs().max())
-            xg = x.cuda()
-            for ga in (amax / 3, amax, amax * 64, amax * 4096):
-                for usage in USAGES:
-                    assert_qt_equal(f"nvfp4 {dtype} span {span} global amax {ga:g} {usage}",
-                                    quantize(x, "nvfp4", usage, global_amax=torch.tensor([ga])),
-                                    quantize(xg, "nvfp4", usage, global_amax=torch.tensor([ga], device="cuda")))
+            inputs = [make_input((384, 512), dtype, gen, span=span), make_input((400, 528), dtype, gen, span=span),
+                      make_input((400, 531), dtype, gen, span=span)[:, 1:529]]
+            for x in inputs:
+                x[300, 400] = float("nan")
+                amax = float(x.float().nan_to_num(0.0).abs().max())
+                xg = same_view_on(x, "cuda")
+                for ga in (amax / 3, amax, amax * 64, amax * 4096, -amax):
+                    for usage in USAGES:
+                        what = f"nvfp4 {dtype} {tuple(x.shape)} {x.stride()} span {span} global amax {ga:g} {usage}"
+                        assert_qt_equal(what, quantize(x, "nvfp4", usage, global_amax=torch.tensor([ga])),
+                                        quantize(xg, "nvfp4", usage, global_amax=torch.tensor([ga], device="cuda")))
 
 
 def test_zero_size_on_cuda():

@@ -16,7 +16,7 @@
 // NVFP4 has no E2M1 conversion instruction below SM 100, so its per-element work is kept small: the
 // code comes from three rounded lines (e2m1_code_bits), and each block's scale is derived once (the
 // lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory,
-// their multipliers looked up in a per-CTA table of the 128 scale bytes); the clamp to 6 is skipped
+// their multipliers looked up in a per-CTA table of the 256 scale bytes); the clamp to 6 is skipped
 // where no block can reach 7 (kUnclampedBound).
 //
 // Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
@@ -177,7 +177,8 @@ struct QuantParams {
 // NOTE: the amax reductions below use fmaxf (one FMNMX) instead of fmt::max_f: both drop a NaN
 // operand, and every operand here is non-negative (|x|, or a max of those starting at +0), where the
 // two agree bit for bit (no signed zeros to order). On fp32 inputs (16-bit ones take packed maxima),
-// |x| is fmt::abs_f or, for NVFP4, fabsf (the same bits, as a free FMNMX operand modifier).
+// |x| is fmt::abs_f, or fabsf in the NaN-propagating chains (the same bits, as a free operand
+// modifier); those chains (fmax_nan, packed_abs_max_nan) only test for a NaN (column_abs_max).
 __device__ __forceinline__ float shfl_max(float v, int offset) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
 }
@@ -283,19 +284,18 @@ __device__ __forceinline__ Nvfp4TensorScales nvfp4_tensor_scales(float global_am
   return {fmt::mul_rn(s_enc, float(1.0 / 6.0)), static_cast<float>(1.0 / static_cast<double>(s_enc))};
 }
 
-// fmt::nvfp4_multiplier with the E4M3 decode in hardware on SM 89+ (decode_fp8x2; exact).
+// fmt::nvfp4_multiplier of a scale byte, decoded in hardware on SM 89+ (decode_fp8x2; exact).
 __device__ __forceinline__ float nvfp4_multiplier_fast(uint8_t scale, float s_dec) {
-  const float denom = fmt::mul_rn(decode_fp8_one(scale, fmt::kE4M3), s_dec);
-  return denom == 0.0f ? fmt::kFloatMax : fmt::min_f(1.0f / denom, fmt::kFloatMax);
+  return fmt::nvfp4_multiplier(decode_fp8_one(scale, fmt::kE4M3), s_dec);
 }
 
 // fmt::nvfp4_block with the E4M3 conversions in hardware on SM 89+ (fmt::encode_fp8,
 // nvfp4_multiplier_fast), bit for bit: the hardware's cvt.rn.satfinite equals fmt::encode_fp8_sw for
-// every non-NaN input, and s_dec_b is never NaN (min_f(v, FLT_MAX) returns FLT_MAX when v is NaN)
-// nor negative, so the scale byte is one of 0 .. 0x7E. The multiplier comes from `multiplier_of`
-// where the CTA filled that table (nvfp4_multiplier_fast of every byte below kNvfp4Scales: one
-// division per byte instead of one per block), else from a division here.
-constexpr int kNvfp4Scales = 128;
+// every non-NaN input, and s_dec_b is never NaN (min_f(v, FLT_MAX) returns FLT_MAX when v is NaN).
+// The multiplier comes from `multiplier_of` where the CTA filled that table (nvfp4_multiplier_fast of
+// every byte: one division per byte instead of one per block; bytes from 0x80 on are the scales of a
+// negative global amax given as a tensor, whose value is not checked), else from a division here.
+constexpr int kNvfp4Scales = 256;
 __device__ __forceinline__ fmt::Nvfp4Block nvfp4_block_fast(float block_amax, const Nvfp4TensorScales& t,
                                                              const float* multiplier_of = nullptr) {
   const float s_dec_b = fmt::min_f(fmt::mul_rn(block_amax, t.s_enc_sixth), fmt::kFloatMax);
@@ -447,16 +447,13 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // scales this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane
   // parity in the reductions). Loads and stores still take whole rows per instruction where the lanes
   // of a block are two (kSelectRows: 16-bit inputs): the slots are selected from the rows in registers,
-  // so that each store writes whole sectors (a lane pair per 32 bytes; ncu, run L: L2 write requests of
-  // the both-usage kernel 6.2M -> 4.2M per 256 MiB with the column scales below).
+  // so that the 4-byte stores of a half warp write one row's whole sectors (ncu, run L: L2 write
+  // requests of the both-usage kernel 6.2M -> 4.2M per 256 MiB with the column scales below).
   const int perm = F == QFmt::kNvfp4 && rowwise ? (lane % kBlockLanes) * kOwnRows : 0;
   constexpr bool kSelectRows = F == QFmt::kNvfp4 && kBlockLanes == 2;
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
-  // The |x| maxima of 16-bit inputs come from the packed words (In::kPacked), two values per
-  // instruction (for NVFP4 too: ncu, bf16 8192 x 16384, rowwise / columnwise / both 105.7 / 114.7 /
-  // 180.8 us with fp32 column maxima, 99.5 / 111.8 / 175.3 us packed).
   float v[NI][V];
   uint4 raw[NI];
   {
@@ -656,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         }
       }
     };
-    if (__all_sync(0xffffffffu, unclamped)) encode_rows(std::false_type{});
+    if (columnwise && __all_sync(0xffffffffu, unclamped)) encode_rows(std::false_type{});
     else encode_rows(std::true_type{});
   }
 
@@ -729,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 
   if (!columnwise || F == QFmt::kMxfp8) return;  // uniform across the CTA
 
-  if (kFp8Block) {
+  if constexpr (kFp8Block) {
     // Transposed FP8 bytes: tile row c = column col0 + j, words (m / 4) of 4 consecutive rows.
     float multiplier[V];
     if (F == QFmt::kFp8Block1d) {
@@ -762,12 +759,12 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
       }
     }
-  } else {  // NVFP4: nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
+  } else if constexpr (F == QFmt::kNvfp4) {  // nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
     // The 128 x kColBlocks column blocks' scales, kPerThread consecutive blocks of one column per
     // thread: derived once (not by every row group of a block) and shared through shared memory.
     constexpr int kPerThread = kTile * kColBlocks / kThreads;
     constexpr int kGroupsPerBlock = kBlock / NI;
-    static_assert(F != QFmt::kNvfp4 || kPerThread * 2 == kColBlocks, "two threads per column");
+    static_assert(kPerThread * 2 == kColBlocks, "two threads per column");
     __shared__ float col_multiplier[kColBlocks][kTile];
     __shared__ uint32_t col_scales_hi[kTile];  // scale bytes of the second thread of each column
     bool unclamped = !nan_here;
@@ -783,13 +780,13 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
     if (b0 != 0) col_scales_hi[sc] = scales;
     // Every thread's elements meet the multipliers of other threads' blocks: the CTA votes.
-    const bool clamp = !__syncthreads_and(unclamped);
+    const bool clamp_columns = !__syncthreads_and(unclamped);
     // Each column's kColBlocks scale bytes leave from its first thread, 8 bytes at once where aligned:
     // the tile has only these 8 bytes of each col_scale row, so one partial-sector write per row, not
     // two (L2 write requests of the columnwise kernel 3.1M -> 2.1M per 256 MiB; ncu, run L).
     if (b0 == 0 && (kInterior || k0 + sc < p.k)) {
       const int64_t mb0 = m0 / kBlock;  // first block (along M) of the tile
-      const uint64_t bytes = uint64_t(col_scales_hi[sc]) << (8 * kPerThread) | scales;
+      const uint64_t bytes = (uint64_t(col_scales_hi[sc]) << (8 * kPerThread)) | scales;
       uint8_t* dst = static_cast<uint8_t*>(p.col_scale) + (k0 + sc) * p.col_scale_cols + mb0;
       if ((kInterior || m0 + kTile <= p.m) && reinterpret_cast<uintptr_t>(dst) % 8 == 0) {
         *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(bytes), uint32_t(bytes >> 32));
@@ -824,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         }
       }
     };
-    if (clamp) encode_columns(std::true_type{});
+    if (clamp_columns) encode_columns(std::true_type{});
     else encode_columns(std::false_type{});
   }
   __syncthreads();

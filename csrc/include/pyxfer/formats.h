@@ -207,10 +207,10 @@ struct Nvfp4Block {
   float multiplier;   // applied to each element before the E2M1 conversion
 };
 
-// The multiplier of a block whose scale byte is `scale`: a function of the byte alone (for one s_dec),
-// so that the GPU kernels can take it from a 128-entry table.
-PYXFER_HOST_DEVICE float nvfp4_multiplier(uint8_t scale, float s_dec) {
-  const float denom = mul_rn(decode_fp8(scale, kE4M3), s_dec);
+// The multiplier of a block from its decoded E4M3 scale: a function of the scale byte alone (for one
+// s_dec), so that the GPU kernels can take it from a table of every byte.
+PYXFER_HOST_DEVICE float nvfp4_multiplier(float decoded_scale, float s_dec) {
+  const float denom = mul_rn(decoded_scale, s_dec);
   return denom == 0.0f ? kFloatMax : min_f(1.0f / denom, kFloatMax);
 }
 
@@ -220,7 +220,7 @@ PYXFER_HOST_DEVICE Nvfp4Block nvfp4_block(float block_amax, float s_enc, float s
   const float s_dec_b = min_f(mul_rn(block_amax, mul_rn(s_enc, kOneSixth)), kFloatMax);
   Nvfp4Block b;
   b.scale = encode_fp8_sw(s_dec_b, kE4M3);
-  b.multiplier = nvfp4_multiplier(b.scale, s_dec);
+  b.multiplier = nvfp4_multiplier(decode_fp8(b.scale, kE4M3), s_dec);
   return b;
 }
 
