@@ -138,6 +138,22 @@ def test_large_input_at_least_64_MiB(fmt, gen):
     torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("fmt", ["fp8_block_1x128", "nvfp4"])
+def test_more_than_65535_tile_rows(fmt, gen):
+    """The tiles wholly inside x launch as 2-D grids of at most 65535 tile rows (blockIdx.y), so 65536
+    tile rows take two launches, the second from tile row 65535; a partial tile row follows (its own
+    launch). bf16 [65536 * 128 + 48, 128], 2 GiB (5 GiB of GPU memory with the results): CPU == CUDA for
+    both usages."""
+    if torch.cuda.get_device_properties(0).total_memory < 12 << 30:
+        pytest.skip("needs 12 GiB of GPU memory (a 2 GiB input and its quantized buffers)")
+    cuda_gen = torch.Generator("cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    xg = torch.randn((65536 * 128 + 48, 128), device="cuda", dtype=torch.bfloat16, generator=cuda_gen) * 4
+    qg = quantize(xg, fmt, "both")
+    assert_qt_equal(f"{fmt} {tuple(xg.shape)}", quantize(xg.cpu(), fmt, "both"), qg)
+    del xg, qg
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_dequantize_on_this_gpu_every_format(fmt, gen):
     """TE cannot dequantize MXFP8 below SM 100; pyxfer must, on whatever GPU runs this (Hopper)."""

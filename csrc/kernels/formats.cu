@@ -131,17 +131,12 @@ __device__ __forceinline__ float fmax_nan(float a, float b) {
   return d;
 }
 
-// The 16-byte vector of row `row`, columns [col, col + V) of x [m, k]; zeros outside the matrix.
-// kVecOk: x is 16-byte aligned and k % V == 0, so a vector is either fully inside or fully outside.
-template <typename In, bool kVecOk>
+// The V values of row `row`, columns [col, col + V) of x [m, k] as one 16-byte vector, loaded element by
+// element (x not 16-byte aligned, or k % V != 0); zeros outside the matrix.
+template <typename In>
 __device__ __forceinline__ uint4 load_vector(const void* x, int64_t row, int64_t col, int64_t m, int64_t k) {
   constexpr int V = In::kVec;
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (row >= m) return v;
-  if (kVecOk) {
-    if (col < k) v = __ldcs(reinterpret_cast<const uint4*>(static_cast<const char*>(x) + (row * k + col) * (16 / V)));
-    return v;
-  }
+  if (row >= m) return make_uint4(0, 0, 0, 0);
   uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -391,16 +386,19 @@ constexpr int quantize_min_blocks() {
 #endif
 }
 
-// The tile (mt, kt) of CTA `b` of a launch: kInterior, the full_m x full_k tiles that lie wholly
-// inside x (row-major); else the others, first the tiles of the last (partial) tile column above the
-// last tile row, then the last (partial) tile row. full_m = full_k = 0 makes the second list every tile.
+// The tile (mt, kt) of this CTA. kInterior: one of the full_m x full_k tiles that lie wholly inside x,
+// from a 2-D grid (kt = blockIdx.x, mt = m_tile0 + blockIdx.y: no 64-bit division; full_m, full_k
+// unused); else one of the others, CTA blockIdx.x of a 1-D grid (m_tile0 unused): first the tiles of
+// the last (partial) tile column above the last tile row, then the last (partial) tile row. full_m =
+// full_k = 0 makes that list every tile.
 template <bool kInterior>
-__device__ __forceinline__ void quantize_tile_of(const QuantParams& p, int64_t full_m, int64_t full_k, int64_t b,
+__device__ __forceinline__ void quantize_tile_of(const QuantParams& p, int64_t full_m, int64_t full_k, int64_t m_tile0,
                                                  int64_t& mt, int64_t& kt) {
   if (kInterior) {
-    mt = b / full_k, kt = b % full_k;
+    mt = m_tile0 + blockIdx.y, kt = blockIdx.x;
     return;
   }
+  int64_t b = blockIdx.x;
   const int64_t cols = p.tiles_k - full_k;  // partial tile columns: 0 or 1 (all of them when full_k = 0)
   if (cols > 0 && b < full_m * cols) {
     mt = b / cols, kt = full_k + b % cols;
@@ -414,7 +412,7 @@ __device__ __forceinline__ void quantize_tile_of(const QuantParams& p, int64_t f
 // bounds checks of every load and store fold away at compile time (launched separately from the edge tiles).
 template <QFmt F, typename In, bool kVecOk, bool kInterior>
 __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>())
-    quantize_tile_kernel(const QuantParams p, int64_t full_m, int64_t full_k) {
+    quantize_tile_kernel(const QuantParams p, int64_t full_m, int64_t full_k, int64_t m_tile0) {
   static_assert(kVecOk || !kInterior, "interior tiles take 16-byte loads");
   constexpr int V = In::kVec;
   constexpr int kLanesPerRow = kTile / V;  // 32 or 16
@@ -438,45 +436,43 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   const int row0 = warp * 16 + (lane / kLanesPerRow) * NI;  // first tile row of this thread
   const int col0 = (lane % kLanesPerRow) * V;               // first tile column of this thread
   int64_t mt, kt;
-  quantize_tile_of<kInterior>(p, full_m, full_k, blockIdx.x, mt, kt);
+  quantize_tile_of<kInterior>(p, full_m, full_k, m_tile0, mt, kt);
   const int64_t m0 = mt * kTile, k0 = kt * kTile;
   const int64_t gc = k0 + col0;  // first global column of this thread
   const int col_valid = kInterior ? V : gc >= p.k ? 0 : (p.k - gc >= V ? V : int(p.k - gc));
   const bool rowwise = p.row_data != nullptr, columnwise = p.col_data != nullptr;
-  // NVFP4 rowwise: slot i of v holds tile row row0 + (i ^ perm), so that the kOwnRows rows whose block
-  // scales this lane derives sit in slots [0, kOwnRows) on every lane of a block (no selects on lane
-  // parity in the reductions). Loads and stores still take whole rows per instruction where the lanes
-  // of a block are two (kSelectRows: 16-bit inputs): the slots are selected from the rows in registers,
-  // so that the 4-byte stores of a half warp write one row's whole sectors (ncu, run L: L2 write
-  // requests of the both-usage kernel 6.2M -> 4.2M per 256 MiB with the column scales below).
-  const int perm = F == QFmt::kNvfp4 && rowwise ? (lane % kBlockLanes) * kOwnRows : 0;
+  // NVFP4 rowwise: each lane of a block derives the block scales of kOwnRows rows, from own_row0. With
+  // 4 lanes per block (fp32 inputs), slot i of v holds tile row row0 + (i ^ perm), so that those rows sit
+  // in slots [0, kOwnRows) on every lane (no selects on lane parity in the reductions). With 2 (kSelectRows:
+  // 16-bit inputs), slot i is row i, and the two exchanges select on lane parity (16 selects per thread):
+  // loads and stores then take whole rows, so that the 4-byte stores of a half warp write one row's whole
+  // sectors (ncu, run L: L2 write requests of the both-usage kernel 6.2M -> 4.2M per 256 MiB with the
+  // column scales below), without the 40 selects that moved permuted slots to and from rows (run M).
   constexpr bool kSelectRows = F == QFmt::kNvfp4 && kBlockLanes == 2;
+  const int own_row0 = F == QFmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
+  const int perm = F == QFmt::kNvfp4 && rowwise && !kSelectRows ? own_row0 : 0;
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
   float v[NI][V];
   uint4 raw[NI];
   {
-    if (kVecOk) {  // one base address, a 64-bit add per row
+    // One base address, a 64-bit add per row. The loads go through L2 with its default eviction policy
+    // (ld.global.cg, not L1): x is read once, but loads marked evict-first (ld.global.cs) made every
+    // usage slower, the transposed ones most (NVFP4 columnwise quantize at 1 GiB: 75.6% of the copy with
+    // .cs, 82.7% with .cg; benchmarks/RESULTS.md, run M).
+    if (kVecOk) {
       const int64_t stride = p.k * (16 / V);  // bytes per row of x
       const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
 #pragma unroll
       for (int i = 0; i < NI; ++i) {
-        const int r = kSelectRows ? i : i ^ perm;
+        const int r = i ^ perm;
         raw[i] = make_uint4(0, 0, 0, 0);
-        if (kInterior || (r < rows_here && gc < p.k)) raw[i] = __ldcs(reinterpret_cast<const uint4*>(base + r * stride));
+        if (kInterior || (r < rows_here && gc < p.k)) raw[i] = __ldcg(reinterpret_cast<const uint4*>(base + r * stride));
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < NI; ++i) raw[i] = load_vector<In, kVecOk>(p.x, m0 + row0 + (kSelectRows ? i : i ^ perm), gc, p.m, p.k);
-    }
-    if (kSelectRows && rowwise) {  // rows i and i ^ kOwnRows trade places where perm != 0
-#pragma unroll
-      for (int i = 0; i < kOwnRows; ++i) {
-        const uint4 a = raw[i], b = raw[i + kOwnRows];
-        raw[i] = perm != 0 ? b : a;
-        raw[i + kOwnRows] = perm != 0 ? a : b;
-      }
+      for (int i = 0; i < NI; ++i) raw[i] = load_vector<In>(p.x, m0 + row0 + (i ^ perm), gc, p.m, p.k);
     }
 #pragma unroll
     for (int i = 0; i < NI; ++i)
@@ -595,8 +591,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   }
 
   // ---- NVFP4 rowwise. The kBlockLanes lanes of a block reduce the row amaxes with a reduce-scatter
-  // (each ends with the amaxes of its own kOwnRows rows, in slots [0, kOwnRows)), derive those blocks'
-  // scales once, and all-gather the multipliers: kOwnRows blocks per lane, not NI, and fewer shuffles.
+  // (each ends with the amaxes of its own kOwnRows rows, rows own_row0 + s, in slots [0, kOwnRows)),
+  // derive those blocks' scales once, and all-gather the multipliers (by slot): kOwnRows blocks per
+  // lane, not NI, and fewer shuffles.
   if (F == QFmt::kNvfp4 && rowwise) {
     float amax[NI];
 #pragma unroll
@@ -604,33 +601,52 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       if constexpr (In::kPacked) amax[i] = row_abs_max_packed<In>(raw[i]);
       else amax[i] = row_abs_max(v[i]);
     }
-    // Chunk c (slots [c * kOwnRows, ...)) of lane q holds the rows that the partner q ^ d keeps in its
-    // chunk c ^ d; each round keeps the chunks with bit d clear and folds in the partner's other one.
+    if constexpr (kSelectRows) {  // keep own rows' amaxes (into slots [0, kOwnRows)), send the partner's
+      const bool upper = own_row0 != 0;  // this lane's rows are the upper kOwnRows
 #pragma unroll
-    for (int d = 1; d < kBlockLanes; d *= 2)
+      for (int s = 0; s < kOwnRows; ++s) {
+        const float keep = upper ? amax[kOwnRows + s] : amax[s], give = upper ? amax[s] : amax[kOwnRows + s];
+        amax[s] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, give, 1));
+      }
+    } else {
+      // Chunk c (slots [c * kOwnRows, ...)) of lane q holds the rows that the partner q ^ d keeps in its
+      // chunk c ^ d; each round keeps the chunks with bit d clear and folds in the partner's other one.
 #pragma unroll
-      for (int c = 0; c < kBlockLanes; c += 2 * d)
+      for (int d = 1; d < kBlockLanes; d *= 2)
 #pragma unroll
-        for (int s = 0; s < kOwnRows; ++s)
-          amax[c * kOwnRows + s] = fmaxf(amax[c * kOwnRows + s], __shfl_xor_sync(0xffffffffu, amax[(c + d) * kOwnRows + s], d));
+        for (int c = 0; c < kBlockLanes; c += 2 * d)
+#pragma unroll
+          for (int s = 0; s < kOwnRows; ++s)
+            amax[c * kOwnRows + s] = fmaxf(amax[c * kOwnRows + s], __shfl_xor_sync(0xffffffffu, amax[(c + d) * kOwnRows + s], d));
+    }
     float multiplier[NI];
     // Unclamped encodes need the NaN test of the column maxima: with both usages only.
     bool unclamped = columnwise && !nan_here;
-    uint8_t* scale_dst = opaque(static_cast<uint8_t*>(p.row_scale) + (m0 + row0 + perm) * p.row_scale_cols + gc / kBlock);
+    uint8_t* scale_dst = opaque(static_cast<uint8_t*>(p.row_scale) + (m0 + row0 + own_row0) * p.row_scale_cols + gc / kBlock);
 #pragma unroll
     for (int s = 0; s < kOwnRows; ++s) {
       const fmt::Nvfp4Block b = nvfp4_block_fast(amax[s], nvfp4, nvfp4_multiplier_of);
       multiplier[s] = b.multiplier;
       unclamped &= fmt::mul_rn(amax[s], b.multiplier) < kUnclampedBound;
-      if (perm + s < rows_here && col_valid > 0) scale_dst[s * p.row_scale_cols] = b.scale;
+      if (own_row0 + s < rows_here && col_valid > 0) scale_dst[s * p.row_scale_cols] = b.scale;
     }
+    if constexpr (kSelectRows) {  // own rows' multipliers from slots [0, kOwnRows), the partner's beside
+      const bool upper = own_row0 != 0;
 #pragma unroll
-    for (int d = kBlockLanes / 2; d >= 1; d /= 2)
+      for (int s = 0; s < kOwnRows; ++s) {
+        const float mine = multiplier[s], other = __shfl_xor_sync(0xffffffffu, mine, 1);
+        multiplier[s] = upper ? other : mine;
+        multiplier[kOwnRows + s] = upper ? mine : other;
+      }
+    } else {
 #pragma unroll
-      for (int c = 0; c < kBlockLanes; c += 2 * d)
+      for (int d = kBlockLanes / 2; d >= 1; d /= 2)
 #pragma unroll
-        for (int s = 0; s < kOwnRows; ++s)
-          multiplier[(c + d) * kOwnRows + s] = __shfl_xor_sync(0xffffffffu, multiplier[c * kOwnRows + s], d);
+        for (int c = 0; c < kBlockLanes; c += 2 * d)
+#pragma unroll
+          for (int s = 0; s < kOwnRows; ++s)
+            multiplier[(c + d) * kOwnRows + s] = __shfl_xor_sync(0xffffffffu, multiplier[c * kOwnRows + s], d);
+    }
     uint8_t* data_dst = opaque(p.row_data + (m0 + row0) * (p.k / 2) + gc / 2);
     // The warp's rows are its lanes' own blocks: one vote decides whether its encodes clamp.
     auto encode_rows = [&](auto clamp) {
@@ -643,9 +659,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         packed[i] = pack_e2m1<V, decltype(clamp)::value>(y);
       }
 #pragma unroll
-      for (int i = 0; i < NI; ++i) {  // kSelectRows: row i, else slot i (row i ^ perm)
-        const int r = kSelectRows ? i : i ^ perm;
-        const uint32_t w = kSelectRows ? (perm != 0 ? packed[i ^ kOwnRows] : packed[i]) : packed[i];
+      for (int i = 0; i < NI; ++i) {  // slot i: row i ^ perm
+        const int r = i ^ perm;
+        const uint32_t w = packed[i];
         if (r < rows_here && col_valid > 0) {
           uint8_t* dst = data_dst + r * (p.k / 2);
           if (V == 4) *reinterpret_cast<uint16_t*>(dst) = uint16_t(w);
@@ -827,9 +843,14 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   __syncthreads();
 
   // Coalesced store of the transposed tile: consecutive threads write consecutive words of a row.
-  // Pass n writes tile rows c0 + n * kRowsPerPass at word q, from one base address.
+  // Pass n writes tile rows c0 + n * kRowsPerPass at word q, from one base address. The swizzle of row
+  // c0 + n * kRowsPerPass is swizzle(c0) ^ swizzle(n * kRowsPerPass) (c0 < kRowsPerPass: the rows' bits
+  // that swizzle reads do not overlap), so a pass costs one XOR with a constant.
   constexpr int kRowsPerPass = kThreads / kOutWords;
+  static_assert((kRowsPerPass & (kRowsPerPass - 1)) == 0 && kRowsPerPass >= 4, "swizzle(c0 + n * kRowsPerPass) splits");
   const int c0 = threadIdx.x / kOutWords, q = threadIdx.x % kOutWords;
+  const uint32_t* tile_row = out_tile + c0 * kOutWords;
+  const int q_swizzled = q ^ swizzle<kOutWords>(c0);
   const int64_t out_row_bytes = F == QFmt::kNvfp4 ? p.m / 2 : p.m;  // bytes per row of col_data
   const int64_t off = (F == QFmt::kNvfp4 ? m0 / 2 : m0) + 4 * q;
   const bool word_store = out_row_bytes % 4 == 0;
@@ -837,9 +858,8 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   uint8_t* dst0 = opaque(p.col_data + (k0 + c0) * out_row_bytes + off);
 #pragma unroll
   for (int n = 0; n < kTile * kOutWords / kThreads; ++n) {
-    const int c = c0 + n * kRowsPerPass;
     if (!kInterior && n * kRowsPerPass >= rows_left) continue;
-    const uint32_t w = out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))];
+    const uint32_t w = tile_row[n * kRowsPerPass * kOutWords + (q_swizzled ^ swizzle<kOutWords>(n * kRowsPerPass))];
     uint8_t* dst = dst0 + n * kRowsPerPass * out_row_bytes;
     if (word_store) {
       if (kInterior || off < out_row_bytes) *reinterpret_cast<uint32_t*>(dst) = w;
@@ -851,19 +871,24 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   }
 }
 
-// With 16-byte loads, the tiles wholly inside x and the others (a partial last tile row / column) are
-// two launches; without, one launch of the general kernel covers every tile.
+// With 16-byte loads, the tiles wholly inside x (2-D grids of at most 65535 tile rows each) and the
+// others (a partial last tile row / column) are separate launches; without, one launch of the general
+// kernel covers every tile.
 template <QFmt F, typename In>
 cudaError_t launch_quantize_tiles(const QuantParams& p, bool vec_ok, cudaStream_t stream) {
   const int64_t tiles = fmt::cdiv(p.m, int64_t(kTile)) * p.tiles_k;
   if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   if (!vec_ok) {
-    quantize_tile_kernel<F, In, false, false><<<unsigned(tiles), kThreads, 0, stream>>>(p, 0, 0);
+    quantize_tile_kernel<F, In, false, false><<<unsigned(tiles), kThreads, 0, stream>>>(p, 0, 0, 0);
     return cudaGetLastError();
   }
   const int64_t full_m = p.m / kTile, full_k = p.k / kTile, interior = full_m * full_k;
-  if (interior > 0) quantize_tile_kernel<F, In, true, true><<<unsigned(interior), kThreads, 0, stream>>>(p, full_m, full_k);
-  if (tiles > interior) quantize_tile_kernel<F, In, true, false><<<unsigned(tiles - interior), kThreads, 0, stream>>>(p, full_m, full_k);
+  constexpr int64_t kMaxGridY = 65535;
+  for (int64_t mt0 = 0; full_k > 0 && mt0 < full_m; mt0 += kMaxGridY) {
+    const dim3 grid(unsigned(full_k), unsigned(std::min(full_m - mt0, kMaxGridY)));
+    quantize_tile_kernel<F, In, true, true><<<grid, kThreads, 0, stream>>>(p, full_m, full_k, mt0);
+  }
+  if (tiles > interior) quantize_tile_kernel<F, In, true, false><<<unsigned(tiles - interior), kThreads, 0, stream>>>(p, full_m, full_k, 0);
   return cudaGetLastError();
 }
 
