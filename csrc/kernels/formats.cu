@@ -376,9 +376,15 @@ __device__ __forceinline__ float column_block_amax(const float (&col_part)[kGrou
 
 // CTAs per SM the register budget is sized for: 3 (<= 80 registers) where that fits without spills
 // on SM 80 / 90 (bf16 inputs; for MXFP8 only with 16-byte loads, its element-wise path needs more),
-// else 2 (SM 100 / 120 would spill at 80).
+// else 2 (SM 100 / 120 would spill at 80). NVFP4 from bf16 with 16-byte loads on SM 90: 4 (64
+// registers, no spills there; SM 80 would spill): its E2M1 encodes are issue-bound and gain from the
+// extra warps, 2-6 points of the copy per usage on an H200, where FP8 block and MXFP8 lost up to 1.2
+// (benchmarks/RESULTS.md, run N).
 template <QFmt F, typename In, bool kVecOk>
 constexpr int quantize_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  if (F == QFmt::kNvfp4 && std::is_same<In, Bf16>::value && kVecOk) return 4;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
   return (std::is_same<In, Bf16>::value && (F != QFmt::kMxfp8 || kVecOk)) ? 3 : 2;
 #else
