@@ -8,9 +8,11 @@ import torch  # noqa: F401  (the native module needs torch's libraries loaded fi
 from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
 from . import _fake  # noqa: F401  (fakes for torch.compile / FakeTensor)
 from . import buffers, formats, health, testing
+from .audit import audit  # the function; the module stays importable as `from pyxfer.audit import ...`
 from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
 from .formats import QuantizeSpec, QuantizedTensor, quantize
 from .gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
+from .guard import device_guard, on_device_of
 from .ops import build_info, checksum
 from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy
 
@@ -21,6 +23,7 @@ __all__ = [
     "configure_staging", "formats", "GatherVerificationError", "health", "pack", "PackedBuffer", "quantize",
     "QuantizedGatherFallbackWarning", "QuantizedTensor", "QuantizeSpec", "restore_subviews", "staged_copy", "SubviewSpec", "testing", "TransferError",
     "verified_copy",
+    "audit", "device_guard", "on_device_of",
 ]
 
 testing._install_from_env()
