@@ -45,7 +45,7 @@ class AuditReport:
     """What ``pyxfer.audit`` saw; filled while the block runs.
 
     - ``unverified_copies``: {(module, src device, dst device): Tally} of copies pyxfer did not make.
-    - ``pyxfer_copies``: the same for pyxfer's copies (verified_copy / staged_copy).
+    - ``pyxfer_copies``: the same for every call of pyxfer's copies (verified_copy / staged_copy).
     - ``off_device_ops``: {(module, op name, tensor's CUDA device, current device): count}.
     Devices are strings ("cpu", "cuda:1"); module is the qualified name inside the audited model
     (its class name for the root or a module outside it), or "(no module)".
@@ -111,7 +111,7 @@ class _AuditMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func in _PYXFER_COPY_OPS:
-            self._copy(self.report.pyxfer_copies, args[0], out)
+            self._copy(self.report.pyxfer_copies, args[0], out, every=True)
         elif func in _COPY_OPS:
             if func is _aten.copy_.default:  # copy_(self=dst, src)
                 self._copy(self.report.unverified_copies, args[1], args[0])
@@ -121,8 +121,10 @@ class _AuditMode(TorchDispatchMode):
             self._off_device(func, args, kwargs)
         return out
 
-    def _copy(self, table, src, dst):
-        if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)) or src.device == dst.device:
+    def _copy(self, table, src, dst, every=False):
+        if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+            return
+        if src.device == dst.device and not every:
             return
         key = (self._module(), str(src.device), str(dst.device))
         tally = table.get(key)
