@@ -16,11 +16,12 @@ __all__ = ["verified_send", "sender"]
 class _Move:
     """One verified_send call's settings, passed down the recursion."""
 
-    __slots__ = ("device", "_target", "non_blocking", "skip_keys", "verify", "route", "include_cpu")
+    __slots__ = ("device", "_target", "non_blocking", "skip_keys", "verify", "route", "include_cpu", "rebuild")
 
-    def __init__(self, device, non_blocking, skip_keys, verify, route, include_cpu):
+    def __init__(self, device, non_blocking, skip_keys, verify, route, include_cpu, rebuild):
         self.device, self._target, self.non_blocking = device, _UNRESOLVED, non_blocking
         self.skip_keys, self.verify, self.route, self.include_cpu = skip_keys, verify, route, include_cpu
+        self.rebuild = rebuild
 
     @property
     def target(self):
@@ -32,6 +33,9 @@ class _Move:
 
 
 _UNRESOLVED = object()
+# Leaves send_to_device returns as they are (none has a .to): checked by exact type, first.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device})
+_CPU_CUDA = ("cpu", "cuda")
 
 
 def _target(device):
@@ -81,39 +85,94 @@ def _to(obj, m: _Move):
         return obj.to(m.device)
 
 
+def _tensor(obj: torch.Tensor, m: _Move):
+    target = m.target
+    if target is not None:
+        d = obj.device
+        if d == target:
+            return obj  # what .to() returns for a plain tensor already there, without the call
+        if obj.layout == torch.strided and not obj.is_nested and (
+                (d.type == "cuda" and target.type == "cuda") or (m.include_cpu and d.type in _CPU_CUDA)):
+            return _verified(obj, m)
+    return _to(obj, m)
+
+
+def _settled(values, target) -> bool:
+    """Whether send_to_device would leave every value as it is: atoms, plain tensors already on
+    ``target``, and tuples/lists of those (the common case of a hooked call, checked without
+    rebuilding anything)."""
+    for v in values:
+        t = type(v)
+        if t in _ATOMS:
+            continue
+        if t is torch.Tensor:
+            if target is not None and v.device == target:
+                continue
+            return False
+        if (t is tuple or t is list) and _settled(v, target):
+            continue
+        return False
+    return True
+
+
+def _settled_dict(d: dict, target, skip) -> bool:
+    for k, v in d.items():
+        t = type(v)
+        if t in _ATOMS or k in skip:
+            continue
+        if t is torch.Tensor:
+            if target is not None and v.device == target:
+                continue
+            return False
+        if (t is tuple or t is list) and _settled(v, target):
+            continue
+        return False
+    return True
+
+
 def _send(obj, m: _Move):
-    if isinstance(obj, torch.Tensor):
-        target = m.target
-        if (type(obj) is torch.Tensor and target is not None and obj.device != target
-                and obj.layout == torch.strided and not obj.is_nested):
-            src = obj.device.type
-            if (src == "cuda" and target.type == "cuda") or (m.include_cpu and src in ("cpu", "cuda")):
-                return _verified(obj, m)
-        return _to(obj, m)
-    if hasattr(obj, "to"):  # BatchEncoding-like objects: accelerate hands them to their own .to
-        return _to(obj, m)
+    # NOTE: runs for every argument of every hooked block call: exact types first (plain tensors,
+    # atoms, tuple/list/dict), then send_to_device's own order of checks for everything else
+    # (tensor or .to, tuple/list, Mapping, anything else).
+    t = type(obj)
+    if t is torch.Tensor:
+        return _tensor(obj, m)
+    if t in _ATOMS:
+        return obj
+    if t is dict:
+        skip = m.skip_keys
+        if not m.rebuild and _settled_dict(obj, m.target, skip):
+            return obj
+        return {k: v if k in skip else _send(v, m) for k, v in obj.items()}
+    if t is tuple or t is list:
+        if _settled(obj, m.target):
+            return obj if not m.rebuild else t(obj)
+        return t([_send(v, m) for v in obj])
+    if isinstance(obj, torch.Tensor) or hasattr(obj, "to"):
+        return _to(obj, m)  # tensor subclasses, BatchEncoding-like objects: their own .to
     if isinstance(obj, (tuple, list)):
         items = [_send(v, m) for v in obj]
         if isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields"):  # namedtuple
-            return type(obj)(*items)
-        return type(obj)(items)
+            return t(*items)
+        return t(items)
     if isinstance(obj, collections.abc.Mapping):
-        return type(obj)({k: v if k in m.skip_keys else _send(v, m) for k, v in obj.items()})
+        skip = m.skip_keys
+        return t({k: v if k in skip else _send(v, m) for k, v in obj.items()})
     return obj
 
 
-def _check_options(op, verify, route, skip_keys) -> list:
+def _check_options(op, verify, route, skip_keys) -> frozenset:
     if verify not in VERIFY_MODES:
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
     if route is not None and route not in ROUTES:
         raise ValueError(f"{op}: route must be one of {ROUTES} or None, got {route!r}")
     if isinstance(skip_keys, str):
-        return [skip_keys]
+        return frozenset([skip_keys])
     if skip_keys is None:
-        return []
+        return frozenset()
     if not isinstance(skip_keys, (list, tuple, set, frozenset)):
         raise TypeError(f"{op}: skip_keys must be a key, a list of keys or None, got {type(skip_keys).__name__}")
-    return list(skip_keys)
+    return frozenset(skip_keys)
 
 
 def verified_send(data, device, *, non_blocking: bool = False, skip_keys=None, verify: str = "sync",
@@ -146,9 +205,11 @@ def verified_send(data, device, *, non_blocking: bool = False, skip_keys=None, v
 
 
 def sender(device, *, non_blocking: bool = False, skip_keys=None, verify: str = "sync", route=None,
-           include_cpu: bool = False):
+           include_cpu: bool = False, rebuild: bool = True):
     """``verified_send`` with its options checked once: returns ``send(data)`` (for hooks that move
-    the inputs of every call to the same device)."""
+    the inputs of every call to the same device). ``rebuild=False``: a tuple, list or mapping whose
+    elements all came back as they were is returned itself instead of a rebuilt copy (for callers
+    that rebuild anyway, like accelerate's hooks after pyxfer's; saves the allocations)."""
     keys = _check_options("pyxfer.nested.verified_send", verify, route, skip_keys)
-    m = _Move(device, non_blocking, keys, verify, route, bool(include_cpu))
+    m = _Move(device, non_blocking, keys, verify, route, bool(include_cpu), bool(rebuild))
     return lambda data: _send(data, m)

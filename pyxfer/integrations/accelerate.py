@@ -116,7 +116,8 @@ class _Block:
     def __init__(self, name, module, hook, *, verify, route, guard, include_cpu, find_device):
         self.name, self.hook = name, hook
         self.device = _as_device(hook.execution_device)
-        self.options = dict(verify=verify, route=route, include_cpu=include_cpu)
+        # rebuild=False: accelerate's send_to_device rebuilds the containers right after us anyway.
+        self.options = dict(verify=verify, route=route, include_cpu=include_cpu, rebuild=False)
         self.send_args = sender(hook.execution_device, **self.options)  # skip_keys never apply to args
         self.send_kwargs = sender(hook.execution_device, skip_keys=hook.skip_keys, **self.options)
         self.guard_index = self.device.index if guard and self.device.type == "cuda" else None
