@@ -115,21 +115,6 @@ def _settled(values, target) -> bool:
     return True
 
 
-def _settled_dict(d: dict, target, skip) -> bool:
-    for k, v in d.items():
-        t = type(v)
-        if t in _ATOMS or k in skip:
-            continue
-        if t is torch.Tensor:
-            if target is not None and v.device == target:
-                continue
-            return False
-        if (t is tuple or t is list) and _settled(v, target):
-            continue
-        return False
-    return True
-
-
 def _send(obj, m: _Move):
     # NOTE: runs for every argument of every hooked block call: exact types first (plain tensors,
     # atoms, tuple/list/dict), then send_to_device's own order of checks for everything else
@@ -141,7 +126,8 @@ def _send(obj, m: _Move):
         return obj
     if t is dict:
         skip = m.skip_keys
-        if not m.rebuild and _settled_dict(obj, m.target, skip):
+        if not m.rebuild and _settled(obj.values() if skip.isdisjoint(obj) else
+                                      [v for k, v in obj.items() if k not in skip], m.target):
             return obj
         return {k: v if k in skip else _send(v, m) for k, v in obj.items()}
     if t is tuple or t is list:

@@ -363,3 +363,18 @@ def test_deferred_attachment_checks_transfers_on_detach(gen):
         got = model(ids).logits
     with torch.no_grad():
         assert torch.equal(got, ref(ids).logits)
+
+
+def test_attached_hooks_are_skipped_by_torch_compile(gen):
+    """The hooks are torch.compiler.disable'd (graph breaks, like accelerate's): a compiled attached
+    model gives the eager result."""
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    torch._dynamo.reset()
+    with pxa.attach(net) as attachment:
+        compiled = torch.compile(net, backend="eager")
+        assert torch.equal(compiled(x), want) and torch.equal(compiled(x), want)
+        assert all(b.stack() == [] for b in attachment._blocks)
+    torch._dynamo.reset()

@@ -19,21 +19,12 @@ pytest.importorskip("transformers", reason="the integration tests need transform
 
 from integrations_models import block_names, clone_model, dispatch, input_ids, tiny_llama  # noqa: E402
 from test_integrations_accelerate import adapter_grads, clone_model_with_adapters, with_adapters  # noqa: E402
+from test_transfer_gpu import clean_state  # noqa: E402,F401  (autouse: health reset, cuda:0, no latched mismatch)
 
 # Blocks alternate between the host and the device so that activations cross the link both ways
 # several times per forward: embed_tokens, rotary_emb, layers 0-2, norm, lm_head.
 CPU_CUDA = ["cpu", "cpu", 0, "cpu", 0, "cpu", 0]
 TWO_GPUS = [0, 0, 0, 1, 0, 1, 1]
-
-
-@pytest.fixture(autouse=True)
-def clean_state():
-    pyxfer.health.reset()
-    torch.cuda.set_device(0)
-    yield
-    pyxfer.check_transfers()  # no test may leave a latched mismatch behind
-    pyxfer.health.reset()
-    torch.cuda.set_device(0)
 
 
 def split_llama(gen, devices, **kwargs):
