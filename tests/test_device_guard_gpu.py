@@ -7,8 +7,10 @@ Two GPUs: with the current device 0 and the data on cuda:1, the raw-pointer laun
 illegal memory access without the guard and is correct with it (TE #3124's class of bug). Peer
 access is never enabled in these children: it would turn the crash into a silent race.
 """
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,7 +76,11 @@ def run_child(tmp_path, mode, device):
     pytest.importorskip("triton", reason="the Triton launch tests need triton")
     f = tmp_path / "child.py"
     f.write_text(CHILD)
-    return subprocess.run([sys.executable, str(f), mode, device], capture_output=True, text=True, timeout=600)
+    # A script's directory (not the working directory) leads sys.path: point it at this pyxfer.
+    root = str(Path(pyxfer.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, str(f), mode, device], capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 @pytest.fixture(autouse=True)

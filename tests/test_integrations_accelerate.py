@@ -378,3 +378,19 @@ def test_attached_hooks_are_skipped_by_torch_compile(gen):
         assert torch.equal(compiled(x), want) and torch.equal(compiled(x), want)
         assert all(b.stack() == [] for b in attachment._blocks)
     torch._dynamo.reset()
+
+
+def test_verified_leaf_keeps_strides_and_gradients(gen):
+    """The leaf copy verified_send uses between devices (reached here CPU -> CPU through the private
+    helper: a CPU machine has no second device; the GPU tests cover it through verified_send)."""
+    from pyxfer.nested import _Move, _verified
+    m = _Move("cpu", False, frozenset(), "sync", None, True, True)
+    base = torch.randn(4, 6, 10, generator=gen, dtype=torch.float64)
+    for t in (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2], base[1:2].expand(3, 6, 10)):
+        out = _verified(t, m)
+        want = t.to("meta")  # Tensor.to's strides: kept when dense and non-overlapping, else contiguous
+        assert torch.equal(out, t) and out.stride() == want.stride() and out.data_ptr() != t.data_ptr()
+    x = base.clone().transpose(1, 2).requires_grad_()
+    w = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    (_verified(x, m) * w).sum().backward()
+    assert torch.equal(x.grad, w)
