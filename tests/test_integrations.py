@@ -139,7 +139,8 @@ def test_concurrent_patch_calls_patch_once():
 def test_untested_version_is_an_import_error(monkeypatch):
     monkeypatch.delenv("PYXFER_ALLOW_UNTESTED", raising=False)
     p = OwnerPatch(tested=("0.1", "0.2"))
-    with pytest.raises(IntegrationError, match=rf"tested with accelerate>=0.1,<0.2, found accelerate {ACCELERATE_VERSION}"):
+    with pytest.raises(IntegrationError,
+                       match=rf"tested with accelerate>=0.1,<0.2, found accelerate {ACCELERATE_VERSION}"):
         p.patch()
     assert isinstance(IntegrationError("x"), ImportError) and Owner().method() == "original"
     monkeypatch.setenv("PYXFER_ALLOW_UNTESTED", "1")

@@ -14,7 +14,8 @@ from pyxfer.integrations import accelerate as pxa
 from pyxfer.nested import verified_send
 
 accelerate = pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
-transformers = pytest.importorskip("transformers", reason="the integration tests need transformers (pip install '.[test]')")
+transformers = pytest.importorskip("transformers",
+                                   reason="the integration tests need transformers (pip install '.[test]')")
 from accelerate import dispatch_model  # noqa: E402
 from accelerate.utils import send_to_device  # noqa: E402
 
@@ -386,7 +387,8 @@ def test_verified_leaf_keeps_strides_and_gradients(gen):
     from pyxfer.nested import _Move, _verified
     m = _Move("cpu", False, frozenset(), "sync", None, True, True)
     base = torch.randn(4, 6, 10, generator=gen, dtype=torch.float64)
-    for t in (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2], base[1:2].expand(3, 6, 10)):
+    views = (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2], base[1:2].expand(3, 6, 10))
+    for t in views:
         out = _verified(t, m)
         want = t.to("meta")  # Tensor.to's strides: kept when dense and non-overlapping, else contiguous
         assert torch.equal(out, t) and out.stride() == want.stride() and out.data_ptr() != t.data_ptr()
