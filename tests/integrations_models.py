@@ -63,6 +63,14 @@ def input_ids(gen, batch=2, length=11, vocab=VOCAB):
     return torch.randint(0, vocab, (batch, length), generator=gen)
 
 
+def _align_fields(hook):
+    if hook is None:
+        return None
+    hooks = getattr(hook, "hooks", (hook,))  # a SequentialHook's, or the hook itself
+    return [(type(h).__name__, str(getattr(h, "execution_device", None)), getattr(h, "io_same_device", None),
+             getattr(h, "skip_keys", None), getattr(h, "offload", None)) for h in hooks]
+
+
 def hook_state(model):
     """Everything attach/detach may touch, per module, to compare before and after: the module hook
     dicts (by key and hook object), the forward attribute, accelerate's hook and the parameters."""
@@ -74,6 +82,7 @@ def hook_state(model):
             sorted(m._forward_pre_hooks_with_kwargs), sorted(m._forward_hooks_with_kwargs),
             sorted(m._forward_hooks_always_called),
             id(m.__dict__.get("forward")), id(getattr(m, "_hf_hook", None)), id(getattr(m, "_old_forward", None)),
+            _align_fields(getattr(m, "_hf_hook", None)),
             [(n, id(p)) for n, p in m.named_parameters(recurse=False)],
         )
     return state

@@ -157,11 +157,13 @@ def test_attach_detach_round_trip_restores_the_model(gen):
     assert list(attachment.blocks) == [""] + block_names()
     assert all(d == torch.device("cpu") for d in attachment.blocks.values())
     assert hook_state(model) != before
+    assert model._hf_hook.io_same_device is False  # the root's outputs go back through pyxfer
     assert pxa.attach(model) is attachment  # same options: the same attachment
     with pytest.raises(ValueError, match="already attached with"):
         pxa.attach(model, verify="deferred")
     pxa.detach(model)
     assert hook_state(model) == before and not pxa.is_attached(model) and not attachment.attached
+    assert model._hf_hook.io_same_device is True
     assert {n: m._hf_hook for n, m in model.named_modules() if hasattr(m, "_hf_hook")} == align_hooks
     pxa.detach(model)  # not attached: nothing to do
     with pxa.attach(model, verify="deferred", include_cpu=True) as again:

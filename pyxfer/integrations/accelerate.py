@@ -7,8 +7,10 @@ wrapped forward: the forward pre-hook moves the block's inputs to its execution 
 copies, so that accelerate's own ``send_to_device`` finds them there and moves nothing; the block's
 forward then runs inside ``pyxfer.device_guard(execution device)``; the forward hook (also called
 when forward raises) leaves the guard and, for the root (``io_same_device``), moves the outputs
-back to the inputs' device with verified copies. accelerate's hooks, the forward functions and the
-weights are not touched; ``detach(model)`` removes exactly what attach added.
+back to the inputs' device with verified copies (accelerate's own ``io_same_device`` flag on the
+root's hook is off while attached, so that it does not move them first). The forward functions, the
+weights and accelerate's hook objects stay as they are; ``detach(model)`` removes exactly what attach
+added and turns that flag back on.
 
 ``patch_send_to_device()`` is the opt-in, process-wide alternative: it replaces
 ``accelerate.hooks.send_to_device`` (the name accelerate's hooks call, also for offload and
@@ -129,6 +131,13 @@ class _Block:
         post = torch.compiler.disable(self.post_forward)
         self.handles = (module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
                         module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        # NOTE: the root's move of the outputs back to the inputs' device is ours while attached:
+        # accelerate records the inputs' device after our pre-hook moved them (so it would move
+        # nothing), but when they already sat on the execution device and the last block left the
+        # outputs elsewhere, its post_forward would move them itself, unverified, before our hook
+        # runs. Its flag is off while attached; remove() puts it back.
+        if self.io_same_device:
+            hook.io_same_device = False
 
     def stack(self):
         try:
@@ -168,6 +177,8 @@ class _Block:
     def remove(self):
         for h in self.handles:
             h.remove()
+        if self.io_same_device:
+            self.hook.io_same_device = True
 
 
 class Attachment:
@@ -223,7 +234,7 @@ def attach(model: torch.nn.Module, *, verify: str = "sync", guard: bool = True, 
 
     Works under autograd (the copies are differentiable), re-entrantly, from several threads, and
     is skipped by torch.compile (graph break, like accelerate's hooks). Mutates the model's hook
-    dicts only. Returns an Attachment (a context manager that detaches). Attaching an attached
+    dicts and, while attached, the root hook's ``io_same_device`` flag (pyxfer moves the outputs back). Returns an Attachment (a context manager that detaches). Attaching an attached
     model again with the same options returns its Attachment; with other options it raises
     ValueError (detach first). Raises IntegrationError when accelerate is missing or untested,
     TypeError/ValueError for bad arguments or a model without accelerate hooks.
