@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 from . import formats, testing
-from .ops import as_uint64, check_tensor
+from ._checks import check_tensor
+from .checksums import as_uint64
 
 __all__ = ["all_gather", "GatherHandle", "QuantizedGatherFallbackWarning", "GatherVerificationError"]
 
