@@ -20,11 +20,12 @@ def cuda_device_count() -> int:
 
 
 _num_cuda_devices = None
+_TORCH_HAS_CUDA = torch.backends.cuda.is_built()  # a constant for messages, read outside any trace
 
 
 def _missing(op: str, name: str, device) -> ValueError:
     n = cuda_device_count()
-    why = "torch was built without CUDA" if not torch.backends.cuda.is_built() else f"{n} CUDA devices visible"
+    why = f"{n} CUDA devices visible" if _TORCH_HAS_CUDA else "torch was built without CUDA"
     return ValueError(f"{op}: {name} is {device}, which does not exist ({why}); expected 'cpu' or a CUDA device "
                       f"of this process")
 

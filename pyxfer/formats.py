@@ -457,16 +457,17 @@ def global_amax(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x.detach(), ord=math.inf, dtype=torch.float32).reshape(1)
 
 
-def _global_amax(op, x, amax):
+def _global_amax(op, x, amax, check_tensor_value):
     if amax is None:
         return global_amax(x)
     if isinstance(amax, torch.Tensor):
         if amax.device != x.device:
             raise ValueError(f"{op}: global_amax must be on x's device ({x.device}), got {amax.device}")
         amax = amax.detach().float().reshape(1)
-        # NOTE: the value is checked on the host: one sync for a CUDA tensor (a host float avoids it).
-        value = float(amax[0])
-        _check_amax_value(op, value, True, f"a tensor holding {value!r}")
+        if check_tensor_value:
+            # NOTE: read on the host: one sync for a CUDA tensor (a host float avoids it).
+            value = float(amax[0])
+            _check_amax_value(op, value, True, f"a tensor holding {value!r}")
         return amax
     return torch.tensor([amax], dtype=torch.float32, device=x.device)
 
@@ -483,6 +484,14 @@ def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: boo
     Raises ValueError / TypeError naming the argument: unknown fmt or option, wrong dtypes, shapes
     that the format cannot store (MXFP8: M, K multiples of 32; NVFP4: multiples of 16), a sparse,
     nested, quantized or meta x, a NaN / infinite / negative global_amax or amax_epsilon."""
+    return _quantize(x, fmt, rowwise=rowwise, columnwise=columnwise, fp8_dtype=fp8_dtype, check_amax_tensor=True,
+                     **options)
+
+
+def _quantize(x, fmt, *, rowwise, columnwise, fp8_dtype=torch.float8_e4m3fn, check_amax_tensor, **options):
+    """:func:`quantize`; ``check_amax_tensor=False`` takes a tensor global_amax as it is, for an amax
+    pyxfer derived from data itself (the gather's group maximum of the shards' amaxes): NaN for data
+    holding NaN, like the amax quantize computes from x, and kept on the device (no host sync)."""
     op = "pyxfer.formats.quantize"
     _check_format(op, fmt)
     check_tensor(op, "x", x)
@@ -505,7 +514,7 @@ def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: boo
         bufs = torch.ops.pyxfer.quantize_mxfp8(x, rowwise, columnwise, fp8_dtype)
         cls, extra = MXFP8Tensor, dict(fp8_dtype=fp8_dtype)
     else:
-        amax = _global_amax(op, x, opts["global_amax"])
+        amax = _global_amax(op, x, opts["global_amax"], check_amax_tensor)
         bufs = torch.ops.pyxfer.quantize_nvfp4(x, amax, rowwise, columnwise)
         cls, extra = NVFP4Tensor, dict(amax_rowwise=amax if rowwise else None,
                                        amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
