@@ -268,6 +268,24 @@ def test_quantized_tensors_subview_specs_and_packed_buffers_round_trip(gen):
 # 22.6: the device check under torch.compile(fullgraph=True), in a fresh process
 # ------------------------------------------------------------------------------------------------
 
+_FRESH_PROCESS_HELPERS = """
+def raises(call, exc_type, text):
+    try:
+        call()
+    except exc_type as e:
+        assert text in str(e), str(e)
+    else:
+        raise AssertionError("no error, expected " + text)
+"""
+
+
+def run_fresh(code: str) -> None:
+    """Run ``code`` in a new interpreter, with ``raises(call, exc_type, text)`` defined; it must finish."""
+    r = run_python(_FRESH_PROCESS_HELPERS + code + "\nprint('ok')\n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ok"]
+
+
 def test_verified_copy_compiles_with_fullgraph_in_a_fresh_process():
     """The first device check of the process runs while Dynamo traces: the CUDA device count must
     fold to a constant. On a CPU-only torch, a CUDA destination reaches pyxfer's device check: a
@@ -281,24 +299,11 @@ for dev in ("cpu", torch.device("cpu")):
     assert torch.equal(f(x, dev), x * 2 + 1)
 if not torch.cuda.is_available():
     for dev in ("cuda", "cuda:0"):
-        try:
-            f(x, dev)
-        except Exception as e:
-            assert "pyxfer.verified_copy: device is " + dev + ", which does not exist" in str(e), str(e)
-        else:
-            raise AssertionError("no error")
-        g = torch.compile(lambda t: pyxfer.verified_copy(t, dev))
-        try:
-            g(x)
-        except ValueError as e:
-            assert "pyxfer.verified_copy: device is " + dev + ", which does not exist" in str(e), str(e)
-        else:
-            raise AssertionError("no error")
-print("ok")
+        text = f"pyxfer.verified_copy: device is {dev}, which does not exist"
+        raises(lambda: f(x, dev), Exception, text)
+        raises(lambda: torch.compile(lambda t: pyxfer.verified_copy(t, dev))(x), ValueError, text)
 """
-    r = run_python(code)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["ok"]
+    run_fresh(code)
 
 
 # ------------------------------------------------------------------------------------------------
