@@ -35,8 +35,9 @@ def as_device(op: str, name: str, device) -> torch.device:
     without an index means the current CUDA device. Only CPU and CUDA devices that exist pass:
     TypeError for another type, ValueError for anything else (unparsable, another device type, a
     CUDA device this process does not see, 'cuda' without any CUDA device)."""
-    if type(device) is torch.device and device.type == "cpu":
-        return device  # the common case, without parsing
+    if type(device) is torch.device and (device.type == "cpu" or (
+            device.type == "cuda" and device.index is not None and device.index < cuda_device_count())):
+        return device  # the common cases, without parsing
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
         raise TypeError(f"{op}: {name} must be a torch.device, a string or a CUDA index, got {type(device).__name__}")
     if isinstance(device, int) and device < 0:
