@@ -7,7 +7,7 @@ import torch
 
 from . import health
 from ._devices import as_device, device_name
-from .ops import check_tensor
+from ._checks import check_int, check_tensor
 
 __all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
 
@@ -52,7 +52,6 @@ def _sync_error(message: str) -> TransferError:
 
 
 _default_route = None
-_num_cuda_devices = None
 
 
 def default_route() -> str:
@@ -65,13 +64,6 @@ def default_route() -> str:
             raise ValueError(f"PYXFER_ROUTE must be one of {ROUTES}, got {route!r}")
         _default_route = route
     return _default_route
-
-
-def _cuda_device_count() -> int:
-    global _num_cuda_devices
-    if _num_cuda_devices is None:
-        _num_cuda_devices = torch.cuda.device_count()  # fixed for the life of the process
-    return _num_cuda_devices
 
 
 def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync") -> torch.Tensor:
@@ -100,9 +92,6 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     if verify not in VERIFY_MODES:
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
     device = as_device(op, "device", device)
-    if device.type == "cuda" and not 0 <= device.index < _cuda_device_count():
-        raise ValueError(f"{op}: device is {device}, which does not exist "
-                         f"({_cuda_device_count()} CUDA devices visible)")
     try:
         return _verified_copy_op(src, device, route, verify)
     except RuntimeError as e:
@@ -114,7 +103,7 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
-    as verified_copy; raises for bad input like it."""
+    as verified_copy; raises for bad input like it (the same error types for the same mistakes)."""
     op = "pyxfer.staged_copy"
     check_tensor(op, "src", src)
     return torch.ops.pyxfer.staged_copy(src, as_device(op, "device", device))
@@ -136,5 +125,8 @@ def check_transfers() -> None:
 
 def configure_staging(chunk_bytes: int = 8 << 20, num_slots: int = 4) -> None:
     """Size of the staging pool used by later staged copies: ``num_slots`` (2..64) pinned buffers of
-    ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor)."""
-    torch.ops.pyxfer.configure_staging(int(chunk_bytes), int(num_slots))
+    ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor).
+    Raises TypeError for a non-int (a float or a string like "8M" is not rounded or parsed) and
+    RuntimeError for a value out of range."""
+    op = "pyxfer.configure_staging"
+    torch.ops.pyxfer.configure_staging(check_int(op, "chunk_bytes", chunk_bytes), check_int(op, "num_slots", num_slots))
