@@ -152,7 +152,7 @@ def _arch_check(info, gpu):
 
 def doctor(report: Report):
     from . import __version__
-    from .ops import build_info
+    from ._build import build_info
 
     info = build_info()
     report.section("build", {"pyxfer": __version__, **info})

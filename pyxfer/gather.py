@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 from . import formats, testing
-from .ops import as_uint64, check_tensor
+from ._checks import check_tensor
+from .checksums import as_uint64
 
 __all__ = ["all_gather", "GatherHandle", "QuantizedGatherFallbackWarning", "GatherVerificationError"]
 
@@ -168,7 +169,9 @@ class _Desc:
         else:
             amax = self.global_amax if global_amax is None else global_amax
             opts = dict(global_amax=amax, gemm_swizzled_scales=self.swizzled if swizzled is None else swizzled)
-        return formats.quantize(x, self.fmt, rowwise=self.rowwise, columnwise=self.columnwise, **opts)
+        # A tensor amax here is the group's maximum of the shards' amaxes: data, not an argument to check.
+        return formats._quantize(x, self.fmt, rowwise=self.rowwise, columnwise=self.columnwise,
+                                 check_amax_tensor=False, **opts)
 
     def is_quantizable(self, shape) -> bool:
         return formats.is_quantizable(tuple(shape), self.fmt)

@@ -20,6 +20,7 @@ import random
 
 import torch
 
+from ._checks import check_seed
 from ._devices import device_code
 
 __all__ = ["FAULT_KINDS", "inject_fault", "InjectedFault"]
@@ -56,7 +57,7 @@ def _push(kind, src, dst, path, times, seed, buffer=None) -> InjectedFault:
         raise ValueError(f"{op}: times must be an int >= 1, got {times!r}")
     if buffer is not None and path != "gather":
         raise ValueError(f"{op}: buffer is only for path='gather', got path={path!r}")
-    seed = random.getrandbits(62) if seed is None else int(seed)
+    seed = random.getrandbits(62) if seed is None else check_seed(op, seed)
     if path == "gather":
         return _push_gather(op, kind, src, dst, times, seed, buffer)
     fault_id = torch.ops.pyxfer.fault_push(kind, device_code(op, "src", src), device_code(op, "dst", dst),
@@ -77,7 +78,8 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
     "columnwise_scale_inv", ...; None: the first non-empty one). A rank's own shard is a local
     copy, never hit; calls with no matching non-empty buffer are not counted.
 
-    Raises ValueError for an unknown kind, path or device, a negative rank, or times < 1."""
+    Raises ValueError for an unknown kind, path or device, a negative rank, or times < 1; TypeError
+    / ValueError for a seed that is not an int in [0, 2**64)."""
     fault = _push(kind, src, dst, path, times, seed, buffer)
     try:
         yield fault
