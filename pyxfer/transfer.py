@@ -2,7 +2,6 @@
 on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
 "Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
 import os
-import re
 
 import torch
 
@@ -16,25 +15,40 @@ ROUTES = ("auto", "direct", "staged")
 VERIFY_MODES = ("sync", "deferred", "none")
 _NATIVE_PREFIX = "pyxfer.TransferError: "
 _verified_copy_op = torch.ops.pyxfer.verified_copy.default  # the overload itself: no packet lookup per call
-_DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), "
-                      r"destination PXH64 (0x[0-9a-f]+)")
+_RECORD_ROUTES = (None, "direct", "staged")  # the route code of an error record
+_MASK64 = (1 << 64) - 1
 
 
 class TransferError(RuntimeError):
-    """A copy whose destination did not match its source. Attributes: ``src`` and ``dst`` (device
-    names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; None if unknown)."""
+    """A copy whose destination did not match its source. Attributes (None if unknown): ``src`` and
+    ``dst`` (device names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; the
+    destination's of the first failing attempt), ``route`` ("direct" or "staged": the route of that
+    attempt; None for deferred copies), ``attempt`` (the last attempt that failed: 2 when a sync
+    copy's staged retry failed too, 1 for a deferred copy, which is never retried) and
+    ``retry_dst_hash`` (the destination PXH64 of that staged retry)."""
 
-    def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None):
+    def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None, route=None,
+                 attempt=None, retry_dst_hash=None):
         super().__init__(message)
         self.src, self.dst, self.num_bytes, self.src_hash, self.dst_hash = src, dst, num_bytes, src_hash, dst_hash
+        self.route, self.attempt, self.retry_dst_hash = route, attempt, retry_dst_hash
 
 
-def _from_native(message: str) -> TransferError:
+def _error_fields(record) -> dict:
+    """TransferError's keyword arguments from a native error record (csrc/transfer/errors.cpp:
+    [count, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash])."""
+    _, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash = record
+    return dict(src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash & _MASK64,
+                dst_hash=dst_hash & _MASK64, route=_RECORD_ROUTES[route], attempt=attempt,
+                retry_dst_hash=retry_dst_hash & _MASK64 if attempt > 1 else None)
+
+
+def _sync_error(message: str) -> TransferError:
+    """The TransferError of the sync copy that just failed in this thread: its native message, and its
+    fields from the record the native op kept for this thread."""
     text = message[message.index(_NATIVE_PREFIX) + len(_NATIVE_PREFIX):].splitlines()[0]
-    m = _DETAILS.search(text)
-    if m is None:
-        return TransferError(text)
-    return TransferError(text, src=m[1], dst=m[2], num_bytes=int(m[3]), src_hash=int(m[4], 16), dst_hash=int(m[5], 16))
+    record = torch.ops.pyxfer.take_sync_transfer_error()
+    return TransferError(text, **_error_fields(record)) if record else TransferError(text)
 
 
 _default_route = None
@@ -93,7 +107,7 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
         return _verified_copy_op(src, device, route, verify)
     except RuntimeError as e:
         if _NATIVE_PREFIX in str(e):
-            raise _from_native(str(e)) from None
+            raise _sync_error(str(e)) from None
         raise
 
 
@@ -112,15 +126,12 @@ def check_transfers() -> None:
     record = torch.ops.pyxfer.take_transfer_errors()
     if not record:
         return
-    count, src, dst, num_bytes, src_hash, dst_hash = record
-    health.mark(device_name(src), device_name(dst), "corrupt")
-    mask = (1 << 64) - 1
-    src_hash, dst_hash = src_hash & mask, dst_hash & mask
+    count, fields = record[0], _error_fields(record)
+    health.mark(fields["src"], fields["dst"], "corrupt")
     raise TransferError(
         f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: copy "
-        f"{device_name(src)} -> {device_name(dst)} of {num_bytes} bytes: source PXH64 {src_hash:#x}, "
-        f"destination PXH64 {dst_hash:#x}",
-        src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash, dst_hash=dst_hash)
+        f"{fields['src']} -> {fields['dst']} of {fields['num_bytes']} bytes: source PXH64 {fields['src_hash']:#x}, "
+        f"destination PXH64 {fields['dst_hash']:#x}", **fields)
 
 
 def configure_staging(chunk_bytes: int = 8 << 20, num_slots: int = 4) -> None:

@@ -82,6 +82,65 @@ def test_faults_on_both_paths_raise_and_return_nothing(kind, gen):
     assert e.src_hash == pyxfer.checksum(src) and e.dst_hash != e.src_hash
 
 
+@pytest.mark.parametrize("route", ["auto", "staged"])
+def test_sync_error_carries_the_structured_record(route, gen):
+    # zeros on both paths: both destinations are known exactly (all zero bytes)
+    src = random_tensor((3, 1001), torch.float16, gen)[:, 5:].t()  # non-contiguous: 2988 elements
+    zeros = pyxfer.checksum(torch.zeros(src.shape, dtype=src.dtype))
+    first = "direct" if route == "auto" else "staged"
+    with inject_fault("zeros", path=first, times=2), inject_fault("zeros", path="staged", times=2):
+        with pytest.raises(pyxfer.TransferError) as info:
+            pyxfer.verified_copy(src, "cpu", route=route)
+    e = info.value
+    assert (e.src, e.dst, e.num_bytes, e.route, e.attempt) == ("cpu", "cpu", 5976, first, 2)
+    assert (e.src_hash, e.dst_hash, e.retry_dst_hash) == (pyxfer.checksum(src), zeros, zeros)
+    assert str(e) == (f"copy cpu -> cpu of 5976 bytes failed verification on the {first} path and again on the "
+                      f"staged path: source PXH64 {e.src_hash:#x}, destination PXH64 {zeros:#x} (first try), "
+                      f"{zeros:#x} (staged retry)")
+    assert torch.ops.pyxfer.take_sync_transfer_error() == []  # the wrapper took this thread's record
+
+
+def test_sync_error_record_through_the_raw_op(gen):
+    src = random_tensor((4099,), torch.uint8, gen)
+    with inject_fault("bitflip", path="direct"), inject_fault("zeros", path="staged"):
+        with pytest.raises(RuntimeError, match=r"^pyxfer.TransferError: copy cpu -> cpu of 4099 bytes"):
+            torch.ops.pyxfer.verified_copy(src, torch.device("cpu"), "direct", "sync")
+    record = torch.ops.pyxfer.take_sync_transfer_error()
+    mask = (1 << 64) - 1
+    count, s, d, n, src_hash, dst_hash, route, attempt, retry_hash = record
+    assert (count, s, d, n, route, attempt) == (1, -1, -1, 4099, 1, 2)  # route code 1: direct
+    assert src_hash & mask == pyxfer.checksum(src)
+    assert dst_hash & mask not in (src_hash & mask, pyxfer.checksum(torch.zeros(4099, dtype=torch.uint8)))
+    assert retry_hash & mask == pyxfer.checksum(torch.zeros(4099, dtype=torch.uint8))
+    assert torch.ops.pyxfer.take_sync_transfer_error() == []  # taking clears it
+
+
+def test_sync_error_records_are_per_thread(gen):
+    sizes = [1001, 2003, 4099, 8191]
+    sources = [random_tensor((n,), torch.uint8, gen) for n in sizes]
+    results, barrier = {}, threading.Barrier(len(sizes))
+
+    def copier(i):
+        barrier.wait()
+        try:
+            pyxfer.verified_copy(sources[i], "cpu", route="direct")
+            results[i] = None
+        except pyxfer.TransferError as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=copier, args=(i,)) for i in range(len(sizes))]
+    with inject_fault("zeros", path="direct", times=len(sizes)), inject_fault("zeros", path="staged", times=len(sizes)):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for i, n in enumerate(sizes):  # each thread got its own copy's record, not another's
+        e = results[i]
+        assert isinstance(e, pyxfer.TransferError), (i, e)
+        assert (e.num_bytes, e.src_hash, e.route, e.attempt) == (n, pyxfer.checksum(sources[i]), "direct", 2)
+        assert e.dst_hash == e.retry_dst_hash == pyxfer.checksum(torch.zeros(n, dtype=torch.uint8))
+
+
 def test_staged_route_faults_retry_staged_once(gen):
     src = random_tensor((777,), torch.int32, gen)
     with inject_fault("zeros", path="staged", times=1) as fault:  # a transient staged fault
@@ -102,6 +161,18 @@ def test_deferred_mode_latches_and_check_transfers_raises(gen):
     assert info.value.src_hash == pyxfer.checksum(src) and info.value.num_bytes == 5000
     assert pyxfer.health.status("cpu", "cpu") == "corrupt"
     pyxfer.check_transfers()  # the latch was cleared
+
+
+def test_deferred_error_carries_the_same_record_fields(gen):
+    src = random_tensor((7, 333), torch.int16, gen)[:, 1:]  # a view at an offset: 7 * 332 * 2 bytes
+    with inject_fault("zeros", path="staged"):
+        out = pyxfer.verified_copy(src, "cpu", route="staged", verify="deferred")
+    assert not same_bits(out, src)  # returned unrepaired: deferred copies are checked later
+    with pytest.raises(pyxfer.TransferError, match=r"^1 deferred verified copy failed verification") as info:
+        pyxfer.check_transfers()
+    e = info.value
+    assert (e.src, e.dst, e.num_bytes, e.attempt, e.route, e.retry_dst_hash) == ("cpu", "cpu", 4648, 1, None, None)
+    assert (e.src_hash, e.dst_hash) == (pyxfer.checksum(src), pyxfer.checksum(torch.zeros(7, 332, dtype=torch.int16)))
 
 
 def test_zero_element_tensors(gen):

@@ -1,5 +1,6 @@
 // The CUDA mechanics of verified transfers (any end on a GPU); the protocol itself is in
-// csrc/transfer/transfer.cpp. Streams: Sa / Sb are the current streams of the source / destination
+// csrc/transfer/verified_copy.cpp, the reusable plumbing in cuda/stream_order.h, cuda/peer_access.h
+// and cuda/staging_pool.h. Streams: Sa / Sb are the current streams of the source / destination
 // device (the callers' streams, as Tensor.to uses them); side streams from the pool hash the source
 // beside the copy (Ha), hash destination chunks as they land (Hb) and run staged legs (Ca, Cb).
 // Every side stream starts after an event from a current stream and ends joined back into one, so
@@ -7,7 +8,6 @@
 // a proper fork/join.
 // NOTE: c10/cuda headers only (ATen/cuda/CUDAContext.h needs cuBLAS/cuSPARSE headers).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -15,18 +15,20 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
 
 #include "checks.h"
+#include "cuda/peer_access.h"
 #include "cuda/pxh64_cuda.h"
+#include "cuda/staging_pool.h"
+#include "cuda/stream_order.h"
 #include "pyxfer/launch.h"
+#include "transfer/errors.h"
 #include "transfer/transfer.h"
 
 namespace pyxfer {
@@ -88,102 +90,8 @@ int64_t next_pipeline_end(int64_t begin, int64_t num_bytes) {
   return begin + chunk;
 }
 
-// NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
-// stream is the legacy stream (handle 0), which means "the current device's".
-bool is_capturing(const CUDAStream& s) {
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Reusable events per device and thread: a wait captures the event's state when it is queued, so an
-// event can be recorded again right away (no create/destroy per ordering). Slot 0 orders streams
-// (record / wait below); slots 1, 2, ... mark the chunks of one pipelined copy, all recorded before
-// the first wait on them.
-cudaEvent_t device_event(c10::DeviceIndex device, size_t slot) {
-  thread_local std::vector<std::vector<cudaEvent_t>> events;
-  if (size_t(device) >= events.size()) events.resize(size_t(device) + 1);
-  std::vector<cudaEvent_t>& mine = events[device];
-  if (slot >= mine.size()) mine.resize(slot + 1, nullptr);
-  if (mine[slot] == nullptr) {
-    const c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&mine[slot], cudaEventDisableTiming));
-  }
-  return mine[slot];
-}
-
-// Records the device's ordering event on `s` and returns it (valid for waits until the next record).
-cudaEvent_t record(const CUDAStream& s) {
-  const cudaEvent_t event = device_event(s.device_index(), 0);
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  C10_CUDA_CHECK(cudaEventRecord(event, s.stream()));
-  return event;
-}
-
-void wait(const CUDAStream& s, cudaEvent_t event) {
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  C10_CUDA_CHECK(cudaStreamWaitEvent(s.stream(), event, 0));
-}
-
-// Work queued on `after` from now on runs after everything queued on `before` so far.
-void order(const CUDAStream& before, const CUDAStream& after) {
-  if (before != after) wait(after, record(before));
-}
-
-// The host waits for everything queued on `s` so far (by this thread's event: other threads' later
-// work on the same stream is not waited for).
-void host_wait(const CUDAStream& s) {
-  const cudaEvent_t event = record(s);
-  C10_CUDA_CHECK(cudaEventSynchronize(event));
-}
-
-// The caching allocator must not reuse `t`'s memory before work queued on `stream` finished.
-void keep_alive_on(const at::Tensor& t, const CUDAStream& stream) {
-  if (t.is_cuda() && t.storage().data_ptr().get() != nullptr)
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
-}
-
 uint8_t* bytes_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 uint64_t* u64_of(const at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.data_ptr<int64_t>()); }
-
-// ---- peer access ----------------------------------------------------------------------------------
-std::mutex peer_mutex;
-std::map<std::pair<int, int>, bool> peer_possible;  // cudaDeviceCanAccessPeer, asked once per pair
-std::set<std::pair<int, int>> peer_enabled;
-
-bool can_access_peer(int from, int to) {
-  std::lock_guard<std::mutex> lock(peer_mutex);
-  auto it = peer_possible.find({from, to});
-  if (it != peer_possible.end()) return it->second;
-  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
-  int can = 0;
-  C10_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
-  return peer_possible[{from, to}] = can != 0;
-}
-
-// Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver).
-// Caller holds peer_mutex.
-void enable_peer_access_locked(int from, int to) {
-  if (!peer_enabled.insert({from, to}).second) return;
-  const c10::cuda::CUDAGuard guard(from);
-  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
-  const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
-  if (err == cudaErrorPeerAccessAlreadyEnabled) {
-    (void)cudaGetLastError();  // torch may have enabled it already
-    return;
-  }
-  C10_CUDA_CHECK(err);
-}
-
-void enable_peer_access(int a, int b) {
-  thread_local std::pair<int, int> enabled{-1, -1};  // the last pair: no lock on repeated copies
-  if (enabled == std::make_pair(a, b)) return;
-  std::lock_guard<std::mutex> lock(peer_mutex);
-  enable_peer_access_locked(a, b);
-  enable_peer_access_locked(b, a);
-  enabled = {a, b};
-}
 
 // ---- sync-mode hash results -----------------------------------------------------------------------
 // A per-thread pair of words in mapped pinned memory (valid on every device through UVA): the hash
@@ -240,86 +148,6 @@ HostHashes* host_hashes() {
 // After an error between launch and wait, kernels may still write the slot: never reuse it.
 void abandon_host_hashes() { thread_host_hashes.slot = nullptr; }
 
-// ---- the bounded pool of pinned staging buffers --------------------------------------------------
-// num_slots buffers of chunk_bytes in one portable pinned allocation. A slot is held only while one
-// copy enqueues its two legs; its reuse is ordered by the event of its last reader (stream waits, or a
-// host wait where the next writer is the host), so the pool never grows with the tensor.
-class StagingPool {
- public:
-  struct Slot {
-    uint8_t* ptr;
-    int64_t capacity;
-    int64_t index;
-    cudaEvent_t prior_reader;  // the writer must wait for it (may be null); the taker destroys it
-  };
-
-  Slot acquire() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    maybe_reallocate();
-    const int64_t i = next_++ % int64_t(slots_.size());
-    idle_.wait(lock, [&] { return !slots_[i].held; });
-    slots_[i].held = true;
-    cudaEvent_t prior = slots_[i].last_reader;
-    slots_[i].last_reader = nullptr;
-    ++num_held_;
-    return {base_ + i * config_.chunk_bytes, config_.chunk_bytes, i, prior};
-  }
-
-  void release(int64_t index, cudaEvent_t last_reader) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    slots_[index].held = false;
-    slots_[index].last_reader = last_reader;
-    --num_held_;
-    idle_.notify_all();
-  }
-
-  int64_t chunk_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return config_.chunk_bytes != 0 ? config_.chunk_bytes : staging_config().chunk_bytes;
-  }
-
- private:
-  struct SlotState {
-    bool held = false;
-    cudaEvent_t last_reader = nullptr;
-  };
-
-  // (Re)allocate when the configuration changed and no copy holds a slot.
-  void maybe_reallocate() {
-    const StagingConfig want = staging_config();
-    if (base_ != nullptr && (num_held_ > 0 || (want.chunk_bytes == config_.chunk_bytes &&
-                                               want.num_slots == config_.num_slots)))
-      return;
-    for (SlotState& s : slots_) {
-      if (s.last_reader != nullptr) {
-        C10_CUDA_CHECK(cudaEventSynchronize(s.last_reader));
-        C10_CUDA_CHECK(cudaEventDestroy(s.last_reader));
-      }
-    }
-    if (base_ != nullptr) C10_CUDA_CHECK(cudaFreeHost(base_));
-    // NOTE: allowed while a stream captures a graph (the allocation is not a stream operation).
-    const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaHostAlloc(&p, size_t(want.chunk_bytes * want.num_slots), cudaHostAllocPortable));
-    base_ = static_cast<uint8_t*>(p);
-    config_ = want;
-    slots_.assign(size_t(want.num_slots), SlotState{});
-  }
-
-  std::mutex mutex_;
-  std::condition_variable idle_;
-  uint8_t* base_ = nullptr;
-  StagingConfig config_{0, 0};
-  std::vector<SlotState> slots_;
-  int64_t next_ = 0;
-  int64_t num_held_ = 0;
-};
-
-StagingPool& staging_pool() {
-  static StagingPool* pool = new StagingPool();  // NOTE: leaked on purpose: outlives CUDA teardown order
-  return *pool;
-}
-
 // ---- the deferred-verification latch --------------------------------------------------------------
 std::mutex latch_mutex;
 TransferLatch* latch = nullptr;  // mapped pinned memory, valid on every device (UVA)
@@ -365,7 +193,6 @@ TransferErrorRecord take_cuda_errors() {
 }
 
 // ---- one transfer with at least one CUDA end ------------------------------------------------------
-uint64_t cpu_hash(const at::Tensor& t) { return u64(*checksum_op(t, 0).data_ptr<int64_t>()); }
 
 // *out = PXH64(t) on `s` (t's device). Workspaces are allocated on `s` itself (stream-ordered reuse).
 void hash_on(const CUDAStream& s, const at::Tensor& t, uint64_t* out) {
@@ -700,7 +527,10 @@ std::unique_ptr<TransferPath> make_cuda_path(const char* op, const at::Tensor& s
   return std::make_unique<CudaPath>(resolve("src.device", src.device()), resolve("device", dst));
 }
 
-const bool registered = (register_cuda_transfer(&make_cuda_path, &take_cuda_errors), true);
+// Any pair with a CUDA end (the CPU <-> CPU pair is csrc/cpu/transfer_cpu.cpp's).
+bool serves(at::DeviceType src, at::DeviceType dst) { return src == at::kCUDA || dst == at::kCUDA; }
+
+const bool registered = register_path_family({&serves, &make_cuda_path, &take_cuda_errors});
 
 }  // namespace
 }  // namespace pyxfer
