@@ -29,17 +29,19 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("health_status(int src, int dst) -> int");
   m.def("health_mark(int src, int dst, int state) -> ()");
   m.def("health_reset() -> ()");
-  // Make the next `times` copies src -> dst on `path` (direct | staged) write wrong bytes of `kind`
-  // (zeros | bitflip | stale | truncate | shift). Returns an id for fault_pop.
-  m.def("fault_push(str kind, int src, int dst, str path, int times, int seed) -> int");
+  // Make the next `times` copies src -> dst on `path` (direct | staged) made by the calling thread
+  // (by any thread if process_wide) write wrong bytes of `kind` (zeros | bitflip | stale | truncate |
+  // shift), always different from the source's. Returns an id for fault_pop.
+  m.def("fault_push(str kind, int src, int dst, str path, int times, int seed, bool process_wide=False) -> int");
   // Remove a fault; returns how many of its copies it had not yet corrupted.
   m.def("fault_pop(int id) -> int");
   // Size of the staging pool for later staged copies: slots of chunk_bytes each.
   m.def("configure_staging(int chunk_bytes, int num_slots) -> ()");
-  // The first mismatch latched by deferred copies since the last call, after waiting for the
-  // devices that ran them, as a transfer error record (csrc/transfer/errors.cpp): [count, src, dst,
-  // num_bytes, src_hash, dst_hash, route (0 not recorded, 1 direct, 2 staged), attempt,
-  // retry_dst_hash], or [] if none.
+  // The mismatches latched by the calling thread's deferred copies since its last call, after
+  // waiting for the devices that ran them, as a transfer error record of the first
+  // (csrc/transfer/errors.cpp): [count (all of them), src, dst, num_bytes, src_hash, dst_hash, route
+  // (0 not recorded, 1 direct, 2 staged), attempt, retry_dst_hash], then [src, dst] of every other
+  // pair with a mismatch; [] if none.
   m.def("take_transfer_errors() -> int[]");
   // The record of the failure this thread's last sync verified_copy raised (then cleared), in the
   // same layout: count 1, the first try's hashes and route, attempt 2; [] if none.

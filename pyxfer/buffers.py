@@ -310,8 +310,9 @@ def _check_stream(fn: str, stream) -> None:
         raise TypeError(f"{fn}: stream must be None or a torch.cuda.Stream, got {type(stream).__name__}")
 
 
-def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream):
+def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream, after=()):
     """``dst.copy_(src)``: on a copy stream with events when either side is on CUDA, else synchronously.
+    The copy also waits for the events in ``after`` (earlier copies that read or write ``dst``).
 
     Returns the event recorded on the copy stream after the copy (None for a synchronous copy).
     """
@@ -329,6 +330,8 @@ def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream):
     done = torch.cuda.Event()
     with torch.cuda.stream(copy_stream):
         copy_stream.wait_event(ready)
+        for event in after:
+            copy_stream.wait_event(event)
         dst.copy_(src, non_blocking=True)
         done.record(copy_stream)
     # NOTE: memory allocated on another stream is not recycled before the copy stream is past the copy.
@@ -379,7 +382,12 @@ class PackedBuffer:
                 raise TypeError(f"{fn}: specs[{i}] must be a SubviewSpec, got {type(spec).__name__}")
             _check_spec(fn, f"specs[{i}]", spec, data)
         self._data = data
-        self._host = None  # the pinned (or, without CUDA, plain) host buffer reused by offload()
+        self._host = None  # the host PackedBuffer (pinned; plain without CUDA) that offload() reuses
+        # NOTE: events of the copies that use this buffer's data as the host buffer of an offload: the
+        # offload that wrote it and every reload since. The next offload into it waits for all of
+        # them (a reload on another stream or device may still be reading it). Shared with the host
+        # PackedBuffer that offload() returns; a fresh list for every other buffer.
+        self._host_users = []
 
     @property
     def data(self) -> torch.Tensor:
@@ -434,9 +442,12 @@ class PackedBuffer:
         """
         _check_stream("pyxfer.buffers.PackedBuffer.offload", stream)
         if self._host is None:
-            self._host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._data.is_cuda)
-        event = _start_copy("pyxfer.buffers.PackedBuffer.offload", self._data, self._host, stream)
-        return CopyHandle(PackedBuffer(self._host, self._specs), event, self._data.device, self._data)
+            self._host = PackedBuffer(
+                torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._data.is_cuda), self._specs)
+        users = self._host._host_users
+        event = _start_copy("pyxfer.buffers.PackedBuffer.offload", self._data, self._host.data, stream, users)
+        users[:] = [] if event is None else [event]  # later users are ordered after this write
+        return CopyHandle(self._host, event, self._data.device, self._data)
 
     def reload(self, device, stream=None) -> CopyHandle:
         """Start copying this host PackedBuffer into a new buffer on ``device``.
@@ -458,4 +469,6 @@ class PackedBuffer:
                              f"use .to(device) to move between devices (verified)")
         dst = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         event = _start_copy(fn, self._data, dst, stream)
+        if event is not None:  # the next offload into this host buffer waits for this read
+            self._host_users[:] = [e for e in self._host_users if not e.query()] + [event]
         return CopyHandle(PackedBuffer(dst, self._specs), event, dst.device, self._data)

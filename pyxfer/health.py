@@ -2,6 +2,10 @@
 
 A pair is "unknown" until a verified direct copy between its devices succeeds ("healthy") or one is
 caught writing wrong bytes ("corrupt"). route="auto" sends copies of a corrupt pair staged.
+
+Health is per process, shared by every thread: a pair is a physical link, so a corrupt verdict found
+by one thread's copy routes every thread's copies of that pair (unlike injected faults, which hit the
+arming thread's copies, and deferred mismatches, which are reported to the copying thread).
 """
 import torch
 

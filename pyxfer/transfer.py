@@ -6,8 +6,8 @@ import os
 import torch
 
 from . import health
-from ._devices import as_device, device_name
 from ._checks import check_int, check_tensor
+from ._devices import ANY_CODE as _ANY_CODE, as_device, device_name
 
 __all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
 
@@ -77,7 +77,10 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     pyxfer.health says the pair is corrupt or has no peer access); default $PYXFER_ROUTE or "auto".
     ``verify``: "sync" (wait for both checksums; on a mismatch mark the pair corrupt, copy again
     staged and verify again), "deferred" (no host wait: the comparison runs on the device and a
-    mismatch is raised by check_transfers(); capturable in a CUDA graph), "none".
+    mismatch is raised by this thread's check_transfers(); capturable in a CUDA graph), "none".
+    In CUDA graph capture, refused with a RuntimeError: verify="sync", the staged route (also when
+    "auto" resolves to it), a CPU destination, verify="deferred" from a CPU source, a CPU source
+    that is not contiguous and pinned, a non-contiguous source on a device that is not capturing.
     Differentiable: the gradient goes back to src's device through a verified copy.
 
     Raises TransferError (a RuntimeError) when the data arrived wrong on both paths (nothing is
@@ -103,20 +106,30 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
-    as verified_copy; raises for bad input like it (the same error types for the same mistakes)."""
+    as verified_copy; differentiable like it (the gradient goes back to src's device, staged);
+    raises for bad input like it, and RuntimeError during CUDA graph capture."""
     op = "pyxfer.staged_copy"
     check_tensor(op, "src", src)
     return torch.ops.pyxfer.staged_copy(src, as_device(op, "device", device))
 
 
 def check_transfers() -> None:
-    """Raise TransferError for mismatches found by ``verify="deferred"`` copies since the last call
-    (waiting for the devices that ran them), and mark their pair corrupt. Returns None otherwise."""
+    """Raise TransferError for mismatches found by this thread's ``verify="deferred"`` copies (and
+    by replays of the CUDA graphs it captured) since its last call, after waiting for the devices
+    that ran them; mark every pair that had one corrupt. The error's message counts them all and its
+    fields are those of the first. Returns None otherwise. Other threads' copies are reported by
+    their own calls; a replay queued after this call is reported by the next one."""
     record = torch.ops.pyxfer.take_transfer_errors()
     if not record:
         return
-    count, fields = record[0], _error_fields(record)
+    count, first, others = record[0], record[:9], record[9:]
+    if first[1] == _ANY_CODE:  # counted, but no record complete yet (a replay was still writing it)
+        raise TransferError(f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification "
+                            f"(details not recorded)")
+    fields = _error_fields(first)
     health.mark(fields["src"], fields["dst"], "corrupt")
+    for src, dst in zip(others[0::2], others[1::2]):
+        health.mark(device_name(src), device_name(dst), "corrupt")
     raise TransferError(
         f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: copy "
         f"{fields['src']} -> {fields['dst']} of {fields['num_bytes']} bytes: source PXH64 {fields['src_hash']:#x}, "

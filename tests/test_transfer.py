@@ -129,7 +129,8 @@ def test_sync_error_records_are_per_thread(gen):
             results[i] = e
 
     threads = [threading.Thread(target=copier, args=(i,)) for i in range(len(sizes))]
-    with inject_fault("zeros", path="direct", times=len(sizes)), inject_fault("zeros", path="staged", times=len(sizes)):
+    with inject_fault("zeros", path="direct", times=len(sizes), process_wide=True), \
+            inject_fault("zeros", path="staged", times=len(sizes), process_wide=True):  # the threads' copies
         for t in threads:
             t.start()
         for t in threads:
@@ -239,7 +240,8 @@ def test_health_registry_is_thread_safe_under_concurrent_copies(gen):
             pyxfer.health.reset()
 
     threads = [threading.Thread(target=copier, args=(i,)) for i in range(6)] + [threading.Thread(target=flipper)]
-    with inject_fault("bitflip", path="direct", times=25) as fault:  # armed before any copy can finish
+    # armed before any copy can finish, for the copier threads' copies
+    with inject_fault("bitflip", path="direct", times=25, process_wide=True) as fault:
         for t in threads:
             t.start()
         for t in threads[:-1]:

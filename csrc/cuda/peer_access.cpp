@@ -1,9 +1,9 @@
 // Peer access between GPUs (declared in cuda/peer_access.h).
 #include "cuda/peer_access.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
 #include <map>
@@ -18,18 +18,16 @@ std::mutex peer_mutex;
 std::map<std::pair<int, int>, bool> peer_possible;  // cudaDeviceCanAccessPeer, asked once per pair
 std::set<std::pair<int, int>> peer_enabled;
 
-// Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver).
-// Caller holds peer_mutex.
+// Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver), through
+// PyTorch's caching allocator: besides cudaDeviceEnablePeerAccess it maps `to`'s expandable segments
+// (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) into `from`, now and as they grow. The pair is
+// recorded once that succeeded: after a failure the next copy tries again. Caller holds peer_mutex.
 void enable_peer_access_locked(int from, int to) {
-  if (!peer_enabled.insert({from, to}).second) return;
-  const c10::cuda::CUDAGuard guard(from);
+  if (peer_enabled.count({from, to}) != 0) return;
   const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
-  const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
-  if (err == cudaErrorPeerAccessAlreadyEnabled) {
-    (void)cudaGetLastError();  // torch may have enabled it already
-    return;
-  }
-  C10_CUDA_CHECK(err);
+  // NOTE: already enabled (by torch or anyone) is not an error there.
+  c10::cuda::CUDACachingAllocator::enablePeerAccess(c10::DeviceIndex(from), c10::DeviceIndex(to));
+  peer_enabled.insert({from, to});
 }
 
 }  // namespace

@@ -8,9 +8,18 @@ namespace pyxfer {
 
 StagingPool::Slot StagingPool::acquire() {
   std::unique_lock<std::mutex> lock(mutex_);
-  maybe_reallocate();
-  const int64_t i = next_++ % int64_t(slots_.size());
-  idle_.wait(lock, [&] { return !slots_[i].held; });
+  int64_t i = -1;
+  // NOTE: the slot is picked after the wait, from the pool as it is then: configure_staging may have
+  // resized it meanwhile (an index picked before the wait could be past its end).
+  while (true) {
+    maybe_reallocate();
+    const int64_t n = int64_t(slots_.size());
+    for (int64_t k = 0; k < n && i < 0; ++k)  // round robin from the slot after the last one taken
+      if (!slots_[(next_ + k) % n].held) i = (next_ + k) % n;
+    if (i >= 0) break;
+    idle_.wait(lock);
+  }
+  next_ = i + 1;
   slots_[i].held = true;
   cudaEvent_t prior = slots_[i].last_reader;
   slots_[i].last_reader = nullptr;

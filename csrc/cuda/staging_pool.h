@@ -24,8 +24,8 @@ class StagingPool {
     cudaEvent_t prior_reader;  // the writer must wait for it (may be null); the taker destroys it
   };
 
-  // The next slot (round robin), once no other copy holds it; (re)allocates the pool first when the
-  // settings changed and no slot is held.
+  // A slot no other copy holds (round robin among the free ones), waiting for one if need be;
+  // (re)allocates the pool first when the settings changed and no slot is held.
   Slot acquire();
   // Gives the slot back; `last_reader` (may be null) is the event its next writer waits for.
   void release(int64_t index, cudaEvent_t last_reader);

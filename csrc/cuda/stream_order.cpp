@@ -19,8 +19,24 @@ bool is_capturing(const CUDAStream& s) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+namespace {
+
+// A thread's events, destroyed when it exits (an event can be destroyed while work that records or
+// waits on it is queued). Errors are ignored there: at process exit CUDA may be gone already.
+struct ThreadEvents {
+  std::vector<std::vector<cudaEvent_t>> per_device;
+  ~ThreadEvents() {
+    for (const std::vector<cudaEvent_t>& events : per_device)
+      for (cudaEvent_t e : events)
+        if (e != nullptr && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+
+}  // namespace
+
 cudaEvent_t device_event(c10::DeviceIndex device, size_t slot) {
-  thread_local std::vector<std::vector<cudaEvent_t>> events;
+  thread_local ThreadEvents thread_events;
+  std::vector<std::vector<cudaEvent_t>>& events = thread_events.per_device;
   if (size_t(device) >= events.size()) events.resize(size_t(device) + 1);
   std::vector<cudaEvent_t>& mine = events[device];
   if (slot >= mine.size()) mine.resize(slot + 1, nullptr);

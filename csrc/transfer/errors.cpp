@@ -1,20 +1,22 @@
-// The structured error channel of verified transfers: the host latch of deferred mismatches, the
-// per-thread record of the last sync failure, and the ops that hand either to Python as the same
+// The structured error channel of verified transfers: the per-thread host latch of deferred
+// mismatches, the per-thread record of the last sync failure, and the ops that hand either to Python as the same
 // int[] record (schemas in csrc/torch_bindings.cpp; decoded by pyxfer/transfer.py).
 #include "transfer/errors.h"
 
 #include <torch/library.h>
 
-#include <mutex>
+#include <algorithm>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pyxfer {
 namespace {
 
-std::mutex latch_mutex;
-TransferErrorRecord host_latch;
+// Deferred mismatches belong to the thread that made the copy (its check_transfers() reports them).
+constexpr size_t kHostRecords = 16;  // kept per thread between takes (the count keeps counting)
+thread_local TransferErrors host_latch;
 
 // A thread reads back the failure its own sync copy raised (the op call and its caller share it).
 thread_local TransferErrorRecord sync_error;
@@ -33,19 +35,32 @@ std::vector<int64_t> encode(const TransferErrorRecord& r) {
           int64_t(r.route), r.attempt, int64_t(r.retry_dst_hash)};
 }
 
+// The first record as encode() lays it out (count: every mismatch), then [src, dst] of each later
+// record whose pair differs from the ones before: check_transfers marks every such pair corrupt.
+// A count without any record (all of them still being written by kernels) has src = dst = -2.
 std::vector<int64_t> take_transfer_errors_op() {
-  TransferErrorRecord r;
-  {
-    std::lock_guard<std::mutex> lock(latch_mutex);
-    r = host_latch;
-    host_latch = TransferErrorRecord{};
-  }
+  TransferErrors all = std::move(host_latch);
+  host_latch = TransferErrors{};
   for (const PathFamily& family : path_families()) {
     if (family.take_errors == nullptr) continue;
-    const TransferErrorRecord g = family.take_errors();  // waits for the devices with deferred copies
-    if (r.count == 0) r = g; else r.count += g.count;
+    TransferErrors g = family.take_errors();  // waits for the devices with this thread's deferred copies
+    all.count += g.count;
+    all.records.insert(all.records.end(), g.records.begin(), g.records.end());
   }
-  return encode(r);
+  if (all.count == 0) return {};
+  TransferErrorRecord first;
+  if (!all.records.empty()) first = all.records.front();
+  else first.src = first.dst = kAnyDevice;
+  first.count = all.count;
+  std::vector<int64_t> out = encode(first);
+  std::vector<std::pair<int64_t, int64_t>> pairs{{first.src, first.dst}};
+  for (const TransferErrorRecord& r : all.records) {
+    if (std::find(pairs.begin(), pairs.end(), std::make_pair(r.src, r.dst)) != pairs.end()) continue;
+    pairs.emplace_back(r.src, r.dst);
+    out.push_back(r.src);
+    out.push_back(r.dst);
+  }
+  return out;
 }
 
 std::vector<int64_t> take_sync_transfer_error_op() {
@@ -57,14 +72,16 @@ std::vector<int64_t> take_sync_transfer_error_op() {
 }  // namespace
 
 void latch_host_error(int64_t src, int64_t dst, int64_t num_bytes, uint64_t src_hash, uint64_t dst_hash) {
-  std::lock_guard<std::mutex> lock(latch_mutex);
-  if (host_latch.count++ == 0) {
-    host_latch.src = src;
-    host_latch.dst = dst;
-    host_latch.num_bytes = num_bytes;
-    host_latch.src_hash = src_hash;
-    host_latch.dst_hash = dst_hash;
-  }
+  ++host_latch.count;
+  if (host_latch.records.size() >= kHostRecords) return;
+  TransferErrorRecord r;
+  r.count = 1;
+  r.src = src;
+  r.dst = dst;
+  r.num_bytes = num_bytes;
+  r.src_hash = src_hash;
+  r.dst_hash = dst_hash;
+  host_latch.records.push_back(r);
 }
 
 void raise_transfer_error(const TransferErrorRecord& r) {

@@ -1,5 +1,6 @@
 // Fault injection: the registry of armed faults, the plans they turn copies into, and the
-// fault_push / fault_pop ops (schemas in csrc/torch_bindings.cpp).
+// fault_push / fault_pop ops (schemas in csrc/torch_bindings.cpp). A fault hits the copies of the
+// thread that armed it unless it was armed process-wide.
 #include "transfer/faults.h"
 
 #include <torch/library.h>
@@ -9,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace pyxfer {
@@ -23,6 +25,8 @@ struct FaultEntry {
   Route path;
   int64_t remaining;
   std::mt19937_64 rng;
+  bool process_wide;      // hits every thread's copies; else only those of `owner`
+  std::thread::id owner;  // the thread that armed it
 };
 std::mutex fault_mutex;
 std::vector<FaultEntry> faults;
@@ -40,7 +44,7 @@ FaultKind parse_fault_kind(c10::string_view kind) {
 }
 
 int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::string_view path, int64_t times,
-                      int64_t seed) {
+                      int64_t seed, bool process_wide) {
   constexpr const char* op = "pyxfer.testing.inject_fault";
   const FaultKind k = parse_fault_kind(kind);
   TORCH_CHECK(path == "direct" || path == "staged", op, ": path must be 'direct' or 'staged', got '",
@@ -48,7 +52,7 @@ int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::stri
   TORCH_CHECK(times >= 1, op, ": times must be >= 1, got ", times);
   std::lock_guard<std::mutex> lock(fault_mutex);
   faults.push_back({next_fault_id, k, src, dst, path == "direct" ? Route::kDirect : Route::kStaged, times,
-                    std::mt19937_64(uint64_t(seed))});
+                    std::mt19937_64(uint64_t(seed)), process_wide, std::this_thread::get_id()});
   num_faults.store(int64_t(faults.size()), std::memory_order_release);
   return next_fault_id++;
 }
@@ -72,10 +76,11 @@ CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
   CopyPlan plan{num_bytes, 0, 0, num_bytes, false, -1, 0};
   if (num_bytes == 0) return plan;  // nothing to corrupt: a pending fault waits for a real copy
   if (num_faults.load(std::memory_order_acquire) == 0) return plan;
+  const std::thread::id me = std::this_thread::get_id();
   std::lock_guard<std::mutex> lock(fault_mutex);
   for (FaultEntry& f : faults) {
     if (f.remaining <= 0 || f.path != route || (f.src != kAnyDevice && f.src != src) ||
-        (f.dst != kAnyDevice && f.dst != dst))
+        (f.dst != kAnyDevice && f.dst != dst) || (!f.process_wide && f.owner != me))
       continue;
     --f.remaining;
     const int64_t shift = num_bytes > 4 ? 4 : 1;  // "lands a few bytes off"
@@ -92,6 +97,9 @@ CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
       case FaultKind::kShift: plan.dst_offset = shift; plan.length = num_bytes - shift; break;
       case FaultKind::kNone: break;
     }
+    // Where the kind's bytes equal the source's, the copy must still be wrong somewhere: in the
+    // part the fault kept from before (truncate: the missing tail; shift: the head it skipped).
+    if (f.kind != FaultKind::kBitflip) plan.ensure_byte = f.kind == FaultKind::kTruncate ? num_bytes - 1 : 0;
     break;
   }
   return plan;

@@ -35,6 +35,10 @@ struct CopyPlan {
   bool zero_fill = false;  // write zeros over the whole destination instead of copying
   int64_t flip_byte = -1;  // after the copy, XOR this destination byte with flip_mask
   uint8_t flip_mask = 0;
+  // A fault always writes wrong bytes: if the destination still equals the source after the plan
+  // ran (an all-zero source under zeros, a recycled destination that held the source's bytes),
+  // XOR this destination byte with 1 before it is hashed. -1: nothing to check (no fault, bitflip).
+  int64_t ensure_byte = -1;
 };
 
 // One chunk of a plan: destination bytes [begin, end) and what to do with them.
@@ -81,6 +85,10 @@ class TransferPath {
   virtual bool direct_supported() const = 0;
   // Whether a current stream of either device is capturing a CUDA graph (no host waits allowed).
   virtual bool capturing() const = 0;
+  // While capturing: raises (naming `op`) for what a replay could not repeat with `src` (contiguous or
+  // not) and `verify` -- a CPU end that only the capture would touch, a non-contiguous source whose
+  // contiguous copy would be made once. The protocol checks the route and verify='sync' itself.
+  virtual void check_capturable(const char* op, const at::Tensor& src, Verify verify) const = 0;
   // The destination tensor (contiguous), allocated so that every later step is ordered after it, and
   // whatever `verify` needs beside it.
   virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) = 0;
@@ -99,16 +107,17 @@ at::Tensor checksum_op(const at::Tensor& t, int64_t seed);
 // PXH64 (seed 0) of a CPU tensor, read straight from the op's 0-dim result (no item() dispatch).
 uint64_t cpu_hash(const at::Tensor& t);
 
-struct TransferErrorRecord;  // transfer/errors.h
+struct TransferErrors;  // transfer/errors.h
 
 // A family of paths: which device pairs it serves and how to make a path for one of them.
 struct PathFamily {
   bool (*serves)(at::DeviceType src, at::DeviceType dst);
   // Returns a path for a served pair; validates device indices (messages name `op` and the argument).
   std::unique_ptr<TransferPath> (*make)(const char* op, const at::Tensor& src, at::Device dst);
-  // Mismatches latched on this family's devices since the last call, after waiting for the devices
-  // that ran deferred comparisons; null where they all go to the host latch (latch_host_error).
-  TransferErrorRecord (*take_errors)();
+  // Mismatches latched by the calling thread's deferred copies on this family's devices since its
+  // last call, after waiting for the devices that ran them (and its captured graphs' devices); null
+  // where they all go to the host latch (latch_host_error).
+  TransferErrors (*take_errors)();
 };
 // Called once per family from a static initializer of the file that implements it (returns true).
 // Registration happens while the library loads, before any op runs: readers take no lock.

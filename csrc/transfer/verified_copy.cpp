@@ -1,7 +1,8 @@
 // The verified-transfer protocol (DESIGN.md "Transfer semantics"), written once for every pair of
 // devices: hash the source on its device, copy, hash the destination on its device after the data
 // landed, compare. On a mismatch mark the pair corrupt, copy again staged and verify again; if that
-// fails too raise pyxfer.TransferError. Also its autograd, and the registry of path families the
+// fails too raise pyxfer.TransferError. What a CUDA graph cannot repeat is refused during capture.
+// Also autograd (verified_copy and staged_copy), and the registry of path families the
 // paths (csrc/cpu/transfer_cpu.cpp, csrc/cuda/transfer_cuda.cpp) register themselves in.
 #include "transfer/transfer.h"
 
@@ -22,6 +23,10 @@ namespace pyxfer {
 namespace {
 
 constexpr const char* kOp = "pyxfer.verified_copy";
+constexpr const char* kStagedNotCapturable =
+    "cannot be captured in a CUDA graph (its pinned host buffers are shared with eager copies and resized by "
+    "pyxfer.configure_staging, and its host legs would run once, at capture); use route='direct' in the graph, "
+    "or copy staged outside it";
 
 Route parse_route(const char* op, c10::string_view route) {
   if (route == "auto") return Route::kAuto;
@@ -94,7 +99,18 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   TORCH_CHECK(verify != Verify::kSync || !path->capturing(), kOp,
               ": verify='sync' waits for the checksums, which cannot happen while a CUDA graph is being captured; "
               "use verify='deferred' (then pyxfer.check_transfers() after replays)");
+  if (path->capturing()) {
+    if (route == Route::kStaged && requested == Route::kAuto) {
+      TORCH_CHECK(false, kOp, ": route='auto' resolves to the staged route for ", device_name(src_code), " -> ",
+                  device_name(dst_code), " (", path->direct_supported() ? "the pair is marked corrupt"
+                  : "no peer access between them", "), which ", kStagedNotCapturable);
+    }
+    TORCH_CHECK(route != Route::kStaged, kOp, ": the staged route ", kStagedNotCapturable);
+    path->check_capturable(kOp, src, verify);
+  }
 
+  // NOTE: no resolve_conj() / resolve_neg(): the dispatcher's Conjugate and Negative fallbacks
+  // materialize lazily conjugated / negated views before this op runs (tests/test_transfer_defects.py).
   const at::Tensor s = src.contiguous();  // the result is contiguous; hash and copy the same bytes
   Attempt first = attempt(*path, s, route, verify);
   if (first.ok) {
@@ -125,7 +141,39 @@ at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
   constexpr const char* op = "pyxfer.staged_copy";
   check_dense(op, "src", src);
   std::unique_ptr<TransferPath> path = make_path(op, src, device);  // validates before any allocation
+  TORCH_CHECK(!path->capturing(), op, ": the staged route ", kStagedNotCapturable);
   return attempt(*path, src.contiguous(), Route::kStaged, Verify::kNone).dst;
+}
+
+// The op through the dispatcher (from below autograd, or for a backward).
+at::Tensor staged_copy_op(const at::Tensor& src, at::Device device) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("pyxfer::staged_copy", "")
+                             .typed<at::Tensor(const at::Tensor&, at::Device)>();
+  return op.call(src, device);
+}
+
+// Like VerifiedCopyFunction below: the gradient goes back to the source's device, staged.
+class StagedCopyFunction : public torch::autograd::Function<StagedCopyFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& src, at::Device device) {
+    ctx->saved_data["device"] = src.device();
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return staged_copy_op(src, device);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {staged_copy_op(grads[0], ctx->saved_data["device"].toDevice()), at::Tensor()};
+  }
+};
+
+at::Tensor staged_copy_autograd(const at::Tensor& src, at::Device device) {
+  if (!at::GradMode::is_enabled() || !src.requires_grad()) {  // no graph to record: skip the node's cost
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return staged_copy_op(src, device);
+  }
+  return StagedCopyFunction::apply(src, device);
 }
 
 // Autograd in C++ (not torch.library.register_autograd): no Python on the path of every copy.
@@ -193,6 +241,9 @@ TORCH_LIBRARY_IMPL(pyxfer, CompositeExplicitAutograd, m) {
   m.impl("staged_copy", &staged_copy_impl);
 }
 
-TORCH_LIBRARY_IMPL(pyxfer, Autograd, m) { m.impl("verified_copy", &verified_copy_autograd); }
+TORCH_LIBRARY_IMPL(pyxfer, Autograd, m) {
+  m.impl("verified_copy", &verified_copy_autograd);
+  m.impl("staged_copy", &staged_copy_autograd);
+}
 
 }  // namespace pyxfer
