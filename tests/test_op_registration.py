@@ -76,12 +76,21 @@ def _checksum_combine(device, gen):
     return [(partials, 1000, 3), (partials[1:4], 17, 0)]
 
 
-def _verified_copy(device, gen):  # integer data, so that every bit pattern compares equal to itself
-    return [(t, torch.device(device), "auto", "sync") for t in _some_layouts(torch.int32, gen, device)]
+def _copies(device, gen):
+    """(source, destination device) pairs of int32 data (every bit pattern compares equal to itself): on
+    the CPU, cpu -> cpu; on CUDA, cuda:0 -> cpu and cpu -> cuda:0 (the pairs one GPU has)."""
+    if device == "cpu":
+        return [(t, torch.device("cpu")) for t in _some_layouts(torch.int32, gen, "cpu")]
+    return ([(t, torch.device("cpu")) for t in _some_layouts(torch.int32, gen, "cuda:0")] +
+            [(t, torch.device("cuda:0")) for t in _some_layouts(torch.int32, gen, "cpu")])
+
+
+def _verified_copy(device, gen):
+    return [(t, dst, "auto", "sync") for t, dst in _copies(device, gen)]
 
 
 def _staged_copy(device, gen):
-    return [(t, torch.device(device)) for t in _some_layouts(torch.int32, gen, device)]
+    return _copies(device, gen)
 
 
 def _quantize_fp8_block(device, gen):
