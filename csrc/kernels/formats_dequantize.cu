@@ -103,7 +103,7 @@ __host__ __device__ __forceinline__ float decode_e2m1_fast(uint32_t code) {
 // after those of lane - 1 (odd lanes) or right before those of lane + 1 (even lanes): the two lanes
 // swap half of their 16-byte pieces so that each of their store instructions writes one whole 32-byte
 // sector (storing its own 32 or 64 bytes, a lane writes half sectors: twice the L2 sector writes; the
-// rows kernels ran at 85-92% of L2 throughput and 57-69% of DRAM's, now 72-77% of DRAM's, RESULTS run I).
+// rows kernels ran at 85-92% of L2 throughput and 57-69% of DRAM's, now 72-77% of DRAM's, benchmarks/runs/I).
 // `paired`: both chunks exist; otherwise the even lane stores its own chunk and the odd one nothing.
 template <typename Out>
 __device__ __forceinline__ void store_out16_pair(void* out, int64_t offset, const float (&r)[16], bool odd, bool paired) {
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, F == Fmt::kMxfp8 ? 4 : 5) dequantize
   };
   // Per-element scales (16 bytes a chunk) are loaded for every chunk before any store: stores may alias
   // them as far as the compiler knows, so loads left behind a store wait one by one (MXFP8 columnwise
-  // dequantize: 69% -> 86% of the copy, RESULTS run H). One factor per chunk stays in the loop (hoisting
+  // dequantize: 69% -> 86% of the copy, benchmarks/runs/H). One factor per chunk stays in the loop (hoisting
   // it measured slower).
   uint32_t sw[kRowsUnroll][4] = {};
   if (kPerElement) {

@@ -248,7 +248,6 @@ __device__ __forceinline__ T* opaque(T* x) {
   return x;
 }
 
-// Swizzle of a transposed shared tile of kUnits units (words or 16-byte units) per row: row c keeps its
 // The FP8 codes of y[0..V) (V = 4 or 8) as V / 4 words, code j in byte j % 4 of word j / 4: two
 // conversions of two values each, joined by one byte permute.
 template <int V>
@@ -313,7 +312,7 @@ __device__ __forceinline__ float column_block_amax(const float (&col_part)[kGrou
 // else 2 (SM 100 / 120 would spill at 80). NVFP4 from bf16 with 16-byte loads on SM 90: 4 (64
 // registers, no spills there; SM 80 would spill): its E2M1 encodes are issue-bound and gain from the
 // extra warps, 2-6 points of the copy per usage on an H200, where FP8 block and MXFP8 lost up to 1.2
-// (benchmarks/RESULTS.md, run N).
+// (benchmarks/runs/N).
 template <Fmt F, typename In, bool kVecOk>
 constexpr int quantize_min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
@@ -400,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     // One base address, a 64-bit add per row. The loads go through L2 with its default eviction policy
     // (ld.global.cg, not L1): x is read once, but loads marked evict-first (ld.global.cs) made every
     // usage slower, the transposed ones most (NVFP4 columnwise quantize at 1 GiB: 75.6% of the copy with
-    // .cs, 82.7% with .cg; benchmarks/RESULTS.md, run M).
+    // .cs, 82.7% with .cg; benchmarks/runs/M).
     if (kVecOk) {
       const int64_t stride = p.k * (16 / V);  // bytes per row of x
       const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
@@ -423,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // NVFP4 columnwise (and both usages): the per-tensor factors, and the multiplier of every scale byte
   // (nvfp4_table), filled while the loads are in flight and read after the barrier below. Rowwise
   // alone, 4 blocks per thread, divides per block and takes the factors after the barrier (before
-  // it, and with the table, it ran 2 points of the copy slower: benchmarks/RESULTS.md, run L).
+  // it, and with the table, it ran 2 points of the copy slower: benchmarks/runs/L).
   __shared__ float nvfp4_table[F == Fmt::kNvfp4 ? kNvfp4Scales : 1];
   const float* nvfp4_multiplier_of = F == Fmt::kNvfp4 && columnwise ? nvfp4_table : nullptr;
   Nvfp4TensorScales nvfp4{1.0f, 1.0f};

@@ -82,6 +82,7 @@ __device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
 
 __device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
 
+// Swizzle of a transposed shared tile of kUnits units (words or 16-byte units) per row: row c keeps its
 // units XOR-permuted by (c / 4) so that lanes reading or writing the same unit of rows 4 apart (quantize:
 // words of different rows; transposed dequantize: 16-byte units of 8 rows per quarter warp) hit
 // different banks.
