@@ -385,7 +385,8 @@ def _print_matrix(title, values, rows, fmt, out):
     print(file=out)
 
 
-def print_results(doc, out=sys.stdout):
+def print_results(doc, out=None):
+    out = sys.stdout if out is None else out
     results, n = doc["results"], doc["config"]["matrix_size"]
     rows = [tuple(r) for r in doc["config"]["rows"]]
     print(f"pyxfer bench  (GB/s = 1e9 bytes/s; rows = source, columns = destination; medians of "

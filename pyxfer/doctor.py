@@ -62,9 +62,10 @@ SCHEMA, SCHEMA_VERSION = "pyxfer.doctor", 2
 SENTINEL = 0xC3  # destinations are filled with it before each probe copy
 SMALL = 4093  # an odd size: the tail of every vectorized loop
 MIB = 1 << 20
-# Test-only: a probe of this pair ("cpu->cpu") never finishes, to exercise the watchdog.
-HANG_ENV = "PYXFER_DOCTOR_TEST_HANG"
-STARTUP_S = 60.0  # a child's time to import torch and pyxfer, on top of its first probe's --timeout
+# Test-only: "hang:SRC->DST" makes the probe of that pair never finish (the watchdog's case),
+# "crash:SRC->DST" makes its process die without a word (SIGABRT, as a crashing driver would).
+TEST_FAULT_ENV = "PYXFER_DOCTOR_TEST_FAULT"
+STARTUP_S = 120.0  # a child's time to import torch and pyxfer (a loaded machine), before its first task
 
 
 class Report:
@@ -200,7 +201,7 @@ def _sync(*devices):
             torch.cuda.synchronize(d)
 
 
-def _classify(out, expected_hash, src_cpu):
+def _classify(out, expected_hash, src):
     """("ok" | "corrupt" | "dropped", details): PXH64 of ``out`` on its own device against the source's;
     on a mismatch the bytes are compared on the host for the evidence."""
     from .ops import checksum
@@ -208,7 +209,7 @@ def _classify(out, expected_hash, src_cpu):
     if checksum(out) == expected_hash:
         return "ok", {}
     got = out.reshape(-1).view(torch.uint8).cpu()
-    wrong = (got != src_cpu).nonzero()
+    wrong = (got != src.reshape(-1).cpu()).nonzero()
     details = {"first_offset": int(wrong[0]) if len(wrong) else None, "wrong_bytes": int(len(wrong))}
     if bool((got == 0).all()) or bool((got == SENTINEL).all()):
         return "dropped", details
@@ -237,19 +238,28 @@ def _probe_pair(task):
     from .transfer import verified_copy
 
     src, dst = torch.device(task["src"]), torch.device(task["dst"])
-    if os.environ.get(HANG_ENV) == f"{task['src']}->{task['dst']}":
-        while True:  # test-only: a probe that never finishes
+    test_fault = os.environ.get(TEST_FAULT_ENV, "")
+    if test_fault == f"hang:{task['src']}->{task['dst']}":
+        while True:
             time.sleep(60)
+    if test_fault == f"crash:{task['src']}->{task['dst']}":
+        os.abort()
     peer = src.type == "cuda" and dst.type == "cuda" and src != dst
     direct = not peer or torch.cuda.can_device_access_peer(src.index, dst.index)
     paths = ["ce", "sm", "pyxfer"] if (peer and direct) else ["ce", "pyxfer"] if direct else ["staged"]
     before = health.status(src, dst)
     probes, gbps = [], None
-    gen = torch.Generator().manual_seed(task.get("seed", 0))
+    # random bytes made on a GPU of the pair when there is one (fast), else on the CPU
+    maker = src if src.type == "cuda" else dst
+    gen = torch.Generator(device=maker).manual_seed(task.get("seed", 0))
+
+    def random_bytes(n):
+        made = torch.randint(0, 256, (n,), dtype=torch.uint8, device=maker, generator=gen)
+        return made if src.type == "cuda" else _host(n, dst).copy_(made)
+
     try:
         for size in task["sizes"]:
-            data_cpu = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
-            data = data_cpu.to(src) if src.type == "cuda" else _host(size, dst).copy_(data_cpu)
+            data = random_bytes(size)
             want = checksum(data)
             for path in paths:
                 if path in ("ce", "sm"):
@@ -268,18 +278,17 @@ def _probe_pair(task):
                     out = verified_copy(data, dst, route=route, verify="none")
                     _sync(src, dst)
                     seconds = None
-                result, details = _classify(out, want, data_cpu)
+                result, details = _classify(out, want, data)
                 probe = {"path": path, "bytes": size, "result": result, **details}
                 if path == "ce" and size == task["sizes"][-1] and seconds:
                     gbps = probe["gbps"] = round(size / seconds / 1e9, 3)
                 probes.append(probe)
         # The check itself: a bit flipped on pyxfer's direct path must be caught.
         path = "direct" if direct else "staged"
-        data_cpu = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=gen)
-        data = data_cpu.to(src)
+        data = random_bytes(4096)
         with testing.inject_fault("bitflip", src=src, dst=dst, path=path) as fault:
             out = verified_copy(data, dst, route=path, verify="none")
-        result, _ = _classify(out, checksum(data), data_cpu)
+        result, _ = _classify(out, checksum(data), data)
         caught = fault.used == 1 and result != "ok"
         probes.append({"path": f"{'pyxfer' if direct else 'staged'}+bitflip", "bytes": 4096,
                        "result": "injected-caught" if caught else "injected-missed"})
@@ -321,6 +330,8 @@ def _child_main():
 
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints go to stderr, not into the protocol
+    out.write(json.dumps({"ready": True}) + "\n")  # imports done: from here each task gets --timeout
+    out.flush()
     for i, task in json.load(sys.stdin):
         start = time.perf_counter()
         try:
@@ -341,20 +352,23 @@ def _stderr_tail(f):
 
 
 def run_tasks(tasks, timeout):
-    """Run tasks in probe children, each finished task within ``timeout`` seconds of the previous
-    (a child's first also gets STARTUP_S to import torch). Returns [result] in task order; a task
+    """Run tasks in probe children, each task within ``timeout`` seconds of the previous one's end
+    (the child's first, of it saying it is ready: STARTUP_S to import torch and pyxfer). Returns [result] in task order; a task
     that ran out of time gets {"hung": True}, one whose child died {"error": message}."""
     results = [None] * len(tasks)
     pending = list(range(len(tasks)))
     code = "import pyxfer.doctor as d; d._child_main()"
+    # the children import this very pyxfer (a source tree on PYTHONPATH, an editable install, ...)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     while pending:
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, start_new_session=True)
+                                    stderr=err, env=env, start_new_session=True)
             proc.stdin.write(json.dumps([(i, tasks[i]) for i in pending]).encode())
             proc.stdin.close()
-            buf, fd = b"", proc.stdout.fileno()
-            deadline = time.monotonic() + STARTUP_S + timeout
+            buf, fd, ended = b"", proc.stdout.fileno(), False
+            deadline = time.monotonic() + STARTUP_S  # until the child says it is ready
             while pending:
                 ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
                 chunk = os.read(fd, 1 << 16) if ready else None
@@ -363,10 +377,15 @@ def run_tasks(tasks, timeout):
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
                         msg = json.loads(line)
+                        deadline = time.monotonic() + timeout
+                        if "ready" in msg:
+                            continue
                         results[msg["task"]] = msg
                         pending.remove(msg["task"])
-                        deadline = time.monotonic() + timeout
+                        ended = "error" in msg  # the child exits after a task that raised
                     continue
+                if ended and chunk == b"":
+                    break  # a fresh child for the rest
                 i = pending.pop(0)
                 if chunk is None:  # the watchdog: the task is past its time
                     results[i] = {"hung": True, "seconds": timeout}
@@ -493,7 +512,8 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fra
     report.section("seconds", round(time.perf_counter() - start, 2))
 
 
-def print_report(report: Report, out=sys.stdout):
+def print_report(report: Report, out=None):
+    out = sys.stdout if out is None else out
     b, s = report.sections["build"], report.sections["system"]
     print(f"pyxfer {b['pyxfer']}  (built against torch {b['torch']}, "
           f"CUDA {'on: ' + b['cuda_version'] + ' ' + ','.join(b['cuda_archs']) if b['cuda'] else 'off'})", file=out)

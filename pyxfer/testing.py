@@ -107,7 +107,7 @@ def parse_env_fault(spec: str) -> dict:
         if not sep or key not in ("path", "src", "dst", "times"):
             raise bad(f"{item!r} is not one of path=, src=, dst=, times=")
         if key == "times" or (key in ("src", "dst") and value.isdigit()):
-            if not value.isdigit():
+            if not value.isdigit() or (key == "times" and int(value) < 1):
                 raise bad(f"times must be an integer >= 1, got {value!r}")
             value = int(value)
         fault[key] = value
