@@ -540,7 +540,7 @@ def run(args) -> int:
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "argv": sys.argv[1:], "gpu": bool(gpus), "machine": machine_info(),
-           "method": {"description": __doc__[__doc__.index("Method"):__doc__.index("--json PATH")].strip(),
+           "method": {"description": " ".join(__doc__[__doc__.index("Method"):__doc__.index("--json PATH")].split()),
                       "warmup": warmup, "reps": reps, "units": "GB/s = 1e9 bytes per second; ms per call; us"},
            "config": {"sizes": sizes, "matrix_size": n, "modes": [m for m in MODES if m in modes],
                       "rows": [list(r) for r in rows]},
