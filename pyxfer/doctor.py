@@ -487,7 +487,7 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fra
         tasks += [{"kind": "checks", "index": g["index"]} for g in devices]
     for src, dst in pairs:
         size_large = large if "cuda" in src + dst else min(large, 16 * MIB)
-        tasks.append({"kind": "pair", "src": src, "dst": dst, "sizes": [SMALL, 4 * MIB, size_large],
+        tasks.append({"kind": "pair", "src": src, "dst": dst, "sizes": sorted({SMALL, 4 * MIB, size_large}),
                       "seed": int.from_bytes(os.urandom(4), "little")})
     for task, res in zip(tasks, run_tasks(tasks, timeout)):
         if task["kind"] == "checks":
