@@ -175,7 +175,10 @@ class _Point:
 
     @property
     def can_hold(self):
-        return "pageable" not in (self.src, self.dst) and self.mode not in ("staged", "verified")
+        """Whether the calls can be queued behind a held stream: not when the host waits for the GPU
+        (pageable memory, staged, verified sync; deferred verification into host memory compares on the host)."""
+        return ("pageable" not in (self.src, self.dst) and self.mode not in ("staged", "verified")
+                and not (self.mode == "verified_deferred" and _is_host(self.dst)))
 
     @property
     def moved(self):
