@@ -112,6 +112,8 @@ def test_fault_from_the_environment_gives_the_verdict(capsys, monkeypatch, tmp_p
         assert all(p["first_offset"] == 0 for p in hit)  # random data is rarely zero at byte 0... or the sentinel
     assert not doc["cache"]["written"] and "PYXFER_INJECT_FAULT" in doc["cache"]["note"]
     assert not (tmp_path / "verdicts.json").exists()
+    if kind == "bitflip":
+        return  # the text report once is enough
     code, out = run_doctor(capsys, "--large", "1M")
     assert code == 1
     lines = out.splitlines()
@@ -133,8 +135,8 @@ def test_malformed_fault_variable_is_named_with_the_expected_form(spec, why):
     assert parse_env_fault("zeros,src=1,path=gather")["src"] == 1  # ranks of the gather path are ints
 
 
-@pytest.mark.parametrize("spec", [",", "zeros,times=abc"])
-def test_malformed_fault_variable_is_a_failed_check_not_a_crash(capsys, monkeypatch, spec):
+def test_malformed_fault_variable_is_a_failed_check_not_a_crash(capsys, monkeypatch):
+    spec = "zeros,times=abc"
     monkeypatch.setenv("PYXFER_INJECT_FAULT", spec)
     code, doc = run_json(capsys, "--no-cache", "--large", "1M")
     assert code == 1
