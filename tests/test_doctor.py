@@ -182,6 +182,27 @@ def test_a_task_that_raises_does_not_stop_the_rest():
     assert "error" in broken and "meta" in broken["error"]
 
 
+def test_classification_of_a_destination(gen):
+    src = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=gen)
+    src[0] = 7  # neither zero nor the sentinel at the first offset
+    want = pyxfer.checksum(src)
+    assert doctor._classify(src.clone(), want, src) == ("ok", {})
+    sentinel = torch.full_like(src, doctor.SENTINEL)
+    assert doctor._classify(sentinel, want, src) == ("dropped", {"first_offset": 0, "wrong_bytes": int((src != doctor.SENTINEL).sum())})
+    assert doctor._classify(torch.zeros_like(src), want, src)[0] == "dropped"
+    flipped = src.clone()
+    flipped[4097] ^= 0x10
+    assert doctor._classify(flipped, want, src) == ("corrupt", {"first_offset": 4097, "wrong_bytes": 1})
+
+
+def test_a_blind_check_makes_the_pair_an_error(monkeypatch):
+    """The injected bit flip proves the check works: if it goes unseen, no verdict can be trusted."""
+    monkeypatch.setattr(doctor, "_classify", lambda out, expected_hash, src: ("ok", {}))
+    result = doctor._probe_pair({"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [4093], "seed": 5})
+    assert result["verdict"] == "error" and "injected bit flip was not caught" in result["evidence"][0]
+    assert result["probes"][-1] == {"path": "pyxfer+bitflip", "bytes": 4096, "result": "injected-missed"}
+
+
 def test_pair_selection():
     eight = [{"index": i} for i in range(8)]
     pairs = doctor.select_pairs(eight)
