@@ -84,7 +84,7 @@ def build_parser():
     b.add_argument("--sizes", type=_sizes, metavar="S,S,...", help="sizes of the sweep, e.g. 4K,1M,256M")
     b.add_argument("--modes", metavar="M,M,...", help=f"modes to run, of {','.join(MODES)} (default: all)")
     b.add_argument("--pairs", metavar="SRC->DST,...",
-                   help="rows to run, e.g. 'pinned->cuda:0,cuda:0->cuda:0' (endpoints: pinned, pageable, cpu, cuda:N)")
+                   help="rows to run, e.g. 'pinned->cuda:0,cuda:0->cuda:0' (endpoints: pinned, pageable, cuda:N; cpu where no GPU is visible)")
     b.add_argument("--reps", type=int, metavar="N", help="timed repetitions per point (median reported)")
     b.add_argument("--warmup", type=int, metavar="N", help="untimed repetitions first")
     b.add_argument("--json", metavar="PATH", help="write the results (schema pyxfer.bench, version 1)")
