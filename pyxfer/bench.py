@@ -198,7 +198,7 @@ class _Point:
 
     def check(self):
         """("ok" | "corrupt", detail): each destination's PXH64 on its own device against its source's."""
-        from .ops import checksum
+        from .checksums import checksum
         from .transfer import TransferError, check_transfers
 
         if self.mode == "verified_deferred":
@@ -265,7 +265,7 @@ def _sync_all():
 
 def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
     """Run every point; returns the result lists of the JSON (results, latency, checksum, method_check)."""
-    from .ops import checksum_tensor
+    from .checksums import checksum_tensor
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gen_device = "cuda:0" if gpus else "cpu"

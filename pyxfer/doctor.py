@@ -204,7 +204,7 @@ def _sync(*devices):
 def _classify(out, expected_hash, src):
     """("ok" | "corrupt" | "dropped", details): PXH64 of ``out`` on its own device against the source's;
     on a mismatch the bytes are compared on the host for the evidence."""
-    from .ops import checksum
+    from .checksums import checksum
 
     if checksum(out) == expected_hash:
         return "ok", {}
@@ -234,7 +234,7 @@ def _probe_pair(task):
     """Probe one ordered pair: see the module docstring. Returns a pair result (no verdict for
     "slow": the parent compares pairs)."""
     from . import health, testing
-    from .ops import checksum
+    from .checksums import checksum
     from .transfer import verified_copy
 
     src, dst = torch.device(task["src"]), torch.device(task["dst"])
@@ -316,7 +316,7 @@ def _probe_pair(task):
 def _run_task(task):
     if task["kind"] == "pair":
         return _probe_pair(task)
-    from .ops import build_info
+    from ._build import build_info
 
     info = build_info()
     gpu = next(g for g in gpus() if g["index"] == task["index"])
@@ -462,7 +462,7 @@ def select_pairs(devices, spec=None):
 def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fraction=0.5):
     """Fill ``report``: facts, self-checks, and a verdict per pair in ``pairs`` (select_pairs)."""
     from . import __version__
-    from .ops import build_info
+    from ._build import build_info
 
     start = time.perf_counter()
     info = build_info()

@@ -344,7 +344,7 @@ def test_build_checks_fail_on_a_mismatch(monkeypatch, capsys):
     assert doctor._arch_check({"cuda_archs": ["sm_90"]}, gpu) == ("ok", "sm_90 machine code in the build")
     assert doctor._arch_check({"cuda_archs": ["sm_80"]}, gpu)[1].startswith("no sm_90 machine code; runs from sm_80 PTX")
     assert doctor._arch_check({"cuda_archs": ["sm_100"]}, gpu)[0] == "FAIL"
-    monkeypatch.setattr(pyxfer.ops, "build_info", lambda: {**info, "torch": "2.0.0"})
+    monkeypatch.setattr(pyxfer._build, "build_info", lambda: {**info, "torch": "2.0.0"})
     code, out = run_doctor(capsys, "--no-cache", "--large", "1M")
     assert code == 1 and "[FAIL] build matches torch: built against torch 2.0.0" in out
 
