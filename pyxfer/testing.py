@@ -98,7 +98,8 @@ def parse_env_fault(spec: str) -> dict:
         return ValueError(f"PYXFER_INJECT_FAULT: {why}; expected {ENV_FORM} with kind one of {FAULT_KINDS} "
                           f"(e.g. 'bitflip,dst=cuda:1,times=3'), got {spec!r}")
 
-    kind, *items = [p.strip() for p in spec.split(",")] or [""]
+    kind, *items = [p.strip() for p in spec.split(",")]
+    items = [i for i in items if i]  # a trailing comma is harmless
     if kind not in FAULT_KINDS:
         raise bad(f"unknown fault kind {kind!r}")
     fault = {"kind": kind, "path": "direct", "src": None, "dst": None, "times": 1}
