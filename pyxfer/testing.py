@@ -30,6 +30,7 @@ import contextlib
 import os
 import random
 import threading
+import warnings
 
 import torch
 
@@ -106,19 +107,47 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
         fault.remove()
 
 
-def _install_from_env():
-    spec = os.environ.get("PYXFER_INJECT_FAULT")
-    if not spec:
-        return None
-    kind, *items = [p.strip() for p in spec.split(",") if p.strip()]
-    opts = {}
+ENV_FORM = "kind[,path=P][,src=D][,dst=D][,times=N]"  # the form PYXFER_INJECT_FAULT takes
+
+
+def parse_env_fault(spec: str) -> dict:
+    """The fault a PYXFER_INJECT_FAULT value names, as inject_fault's arguments {kind, path, src, dst,
+    times}. Raises ValueError naming the variable, the expected form and the value."""
+    def bad(why):
+        return ValueError(f"PYXFER_INJECT_FAULT: {why}; expected {ENV_FORM} with kind one of {FAULT_KINDS} "
+                          f"(e.g. 'bitflip,dst=cuda:1,times=3'), got {spec!r}")
+
+    kind, *items = [p.strip() for p in spec.split(",")]
+    items = [i for i in items if i]  # a trailing comma is harmless
+    if kind not in FAULT_KINDS:
+        raise bad(f"unknown fault kind {kind!r}")
+    fault = {"kind": kind, "path": "direct", "src": None, "dst": None, "times": 1}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("path", "src", "dst", "times"):
-            raise ValueError(f"PYXFER_INJECT_FAULT: expected kind[,path=..][,src=..][,dst=..][,times=N], got {spec!r}")
-        opts[key] = int(value) if key == "times" or (key in ("src", "dst") and value.isdigit()) else value
-    return _push(kind, opts.get("src"), opts.get("dst"), opts.get("path", "direct"), opts.get("times", 1), None,
-                 process_wide=True)  # set before any thread of the program exists: every thread's copies
+            raise bad(f"{item!r} is not one of path=, src=, dst=, times=")
+        if key == "times" or (key in ("src", "dst") and value.isdigit()):
+            if not value.isdigit() or (key == "times" and int(value) < 1):
+                raise bad(f"times must be an integer >= 1, got {value!r}")
+            value = int(value)
+        fault[key] = value
+    return fault
+
+
+def _install_from_env():
+    """Install the fault named by $PYXFER_INJECT_FAULT. A malformed value never breaks ``import
+    pyxfer``: it warns (RuntimeWarning, naming the variable and the expected form) and installs nothing."""
+    spec = os.environ.get("PYXFER_INJECT_FAULT")
+    if not spec:
+        return None
+    try:
+        f = parse_env_fault(spec)
+        return _push(f["kind"], f["src"], f["dst"], f["path"], f["times"], None,
+                     process_wide=True)  # set before any thread of the program exists: every thread's copies
+    except (ValueError, TypeError) as e:
+        msg = str(e) if str(e).startswith("PYXFER_INJECT_FAULT") else f"PYXFER_INJECT_FAULT={spec!r}: {e}"
+        warnings.warn(f"{msg}; no fault installed", RuntimeWarning, stacklevel=2)
+        return None
 
 
 # Gather-path faults live here, not in the native registry: pyxfer.all_gather corrupts its receive
