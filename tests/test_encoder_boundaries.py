@@ -158,26 +158,29 @@ def test_fp8_block_scale_power_of_two_edges(fp8):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fp8_block_scale_overflow_edge(dtype):
-    """The smallest amax whose fp8_max / amax is finite, and the next smaller one, where the scale
-    overflows and becomes the input dtype's max finite value (§2.3 step 4)."""
+    """The smallest amax (of the input dtype) whose fp8_max / amax is finite in fp32, and the next
+    smaller one, where the scale overflows and becomes the input dtype's max finite value (§2.3 step 4)."""
     fp8_max = f32(448.0)
-    a = f32(fp8_max / FLT_MAX)
+    a = f32(fp8_max / FLT_MAX)  # near the edge; walk to the exact fp32 boundary
     with np.errstate(over="ignore"):
         while np.isfinite(fp8_max / down(a)):
             a = down(a)
         while not np.isfinite(fp8_max / a):
             a = up(a)
-        assert np.isfinite(fp8_max / a) and np.isinf(fp8_max / down(a))
-    in_max = float(torch.finfo(dtype).max)
-    for amax, scale in ((a, fp8_max / a), (down(a), f32(in_max))):
+    t = torch.tensor([float(a)]).to(dtype)  # the input dtype's values either side of the boundary
+    hi = t if float(t) >= float(a) else torch.nextafter(t, torch.tensor([1.0], dtype=dtype))
+    lo = torch.nextafter(hi, torch.tensor([0.0], dtype=dtype))
+    hi, lo = f32(float(hi)), f32(float(lo))
+    with np.errstate(over="ignore"):
+        assert np.isfinite(fp8_max / hi) and np.isinf(fp8_max / lo)
+    in_max = f32(torch.finfo(dtype).max)
+    for amax, scale in ((hi, fp8_max / hi), (lo, in_max)):
         x = torch.zeros(1, 128, dtype=dtype)
         x[0, 3] = float(amax)
-        if float(x[0, 3]) != float(amax):
-            continue  # not representable in this input dtype (bf16 keeps 8 mantissa bits)
+        assert float(x[0, 3]) == float(amax)
         q = F.quantize(x, "fp8_block_1x128", pow2_scales=False)
         assert float(q.rowwise_scale_inv[0, 0]) == float(R.scale_inv_1d(scale)), (float(amax), dtype)
-        assert int(q.rowwise_data[0, 3]) == int(R.encode_fp8(R.mul32(f32(amax), f32(scale)), "e4m3"))
-        q = F.quantize(x, "fp8_block_1x128")  # pow2: the overflowed scale keeps its exponent, 2^127
-        assert float(q.rowwise_scale_inv[0, 0]) == (2.0 ** -127 if scale >= 2.0 ** 127 else
-                                                     float(R.scale_inv_1d(R.fp8_block_scale(f32(amax),
-                                                                                            in_dtype=str(dtype)[6:]))))
+        assert int(q.rowwise_data[0, 3]) == int(R.encode_fp8(R.mul32(amax, f32(scale)), "e4m3"))
+        q = F.quantize(x, "fp8_block_1x128")  # pow2: the scale's exponent only
+        pow2 = R.from_bits(R.bits(f32(scale)) & np.uint32(0xFF800000))
+        assert float(q.rowwise_scale_inv[0, 0]) == float(R.scale_inv_1d(pow2)) == 2.0 ** -127
