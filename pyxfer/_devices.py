@@ -18,6 +18,9 @@ def as_device(op: str, name: str, device) -> torch.device:
     if d.type not in ("cpu", "cuda"):
         raise ValueError(f"{op}: {name} must be a CPU or CUDA device, got {d}")
     if d.type == "cuda" and d.index is None:
+        if not torch.cuda.is_available():  # current_device() would raise torch's own error, naming nothing
+            raise ValueError(f"{op}: {name} is {device!r}, the current CUDA device, but no CUDA device is visible "
+                             f"(torch.cuda.is_available() is False)")
         d = torch.device("cuda", torch.cuda.current_device())
     return d
 
