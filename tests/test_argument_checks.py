@@ -406,3 +406,17 @@ def test_gather_input_checks_in_a_world_of_one(world_of_one):
     x = torch.arange(5)
     handle = pyxfer.all_gather(x, async_op=True)
     assert handle.is_completed() and handle.wait() is x and handle.wait() is x  # world of one: x itself
+
+
+def test_packed_buffer_checks_its_specs():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    spec = pyxfer.SubviewSpec(8, (2,), (1,), torch.float64)
+    packed = pyxfer.PackedBuffer(buf, [spec])
+    assert repr(packed) == "PackedBuffer(64 bytes on cpu, 1 views)"
+    with pytest.raises(TypeError, match=re.escape("pyxfer.buffers.PackedBuffer: specs[1] must be a SubviewSpec, "
+                                                  "got dict")):
+        pyxfer.PackedBuffer(buf, [spec, spec.to_dict()])
+    with pytest.raises(ValueError, match=re.escape("pyxfer.buffers.PackedBuffer: specs[0] spans bytes [56, 72) of "
+                                                   "buffer, expected them inside the buffer's 64 bytes")):
+        pyxfer.PackedBuffer(buf, [pyxfer.SubviewSpec(56, (2,), (1,), torch.float64)])
+    assert pyxfer.PackedBuffer(buf, [pyxfer.SubviewSpec(48, (2,), (1,), torch.float64)]).unpack()[0].shape == (2,)
