@@ -246,6 +246,12 @@ class QuantizedTensor:
             raise ValueError(f"{op}: dtype (the nominal dtype) must be one of {INPUT_DTYPES}, got {dtype}")
         self.shape = torch.Size(shape)
         self.dtype = dtype
+        if not self.shape:
+            raise ValueError(f"{op}: shape must have at least 1 dimension, got ()")
+        if self.fmt in ("mxfp8", "nvfp4") and not is_quantizable(self.shape, self.fmt):
+            m, k = _matrix(self.shape)
+            raise ValueError(f"{op}: shape {tuple(self.shape)} cannot be stored in {self.fmt}: M={m} and K={k} must "
+                             f"be multiples of {BLOCK_LEN[self.fmt]}")
         rowwise = buffers.get("rowwise_data") is not None
         columnwise = buffers.get("columnwise_data") is not None
         if not (rowwise or columnwise):
@@ -254,7 +260,7 @@ class QuantizedTensor:
         missing = [name for name in expected if buffers.get(name) is None]
         if missing:
             raise ValueError(f"{op}: missing {', '.join(missing)} for the usages given")
-        devices = set()
+        device = first = None
         for name, value in buffers.items():
             if name not in expected:
                 if value is not None:
@@ -265,10 +271,12 @@ class QuantizedTensor:
             if tuple(value.shape) != want_shape or value.dtype != want_dtype:
                 raise ValueError(f"{op}: {name} must have shape {want_shape} and dtype {want_dtype} for logical "
                                  f"shape {tuple(self.shape)}, got {tuple(value.shape)} {value.dtype}")
-            devices.add(value.device)
-        if len(devices) != 1:
-            raise ValueError(f"{op}: all buffers must be on one device, got {sorted(map(str, devices))}")
-        self.device = devices.pop()
+            if device is None:
+                device, first = value.device, name
+            elif value.device != device:
+                raise ValueError(f"{op}: {name} is on {value.device}, expected the device of {first} ({device}): "
+                                 f"all buffers must be on one device")
+        self.device = device
         for name in BUFFER_NAMES:
             setattr(self, name, buffers.get(name))
 
