@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_check.sh            # everything
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
 # Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
-# arguments, default "tests"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
+# arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
 # PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ fi
 
 if wants tests; then
   step "tests"
-  timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TESTS:-tests} \
+  timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} ${PYXFER_TESTS:-tests} \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pyxfer
-from pyxfer.ops import as_uint64
+from pyxfer.checksums import as_uint64
 
 from pxh64_reference import finalize, partial_np, pxh64_np
 from tensors import logical_bytes, random_tensor
