@@ -514,3 +514,27 @@ class QuantizeSpec:
         opts = "".join(f", {k}={v!r}" for k, v in self._options)
         return (f"QuantizeSpec({self.fmt!r}, rowwise={self.rowwise}, columnwise={self.columnwise}, "
                 f"fp8_dtype={self.fp8_dtype}{opts})")
+
+
+# ---- layout helpers for pyxfer.gather -------------------------------------------------------------
+# (one block: the gather wraps gathered buffers as tensors of a spec's format and options)
+
+_TENSOR_CLASSES = {"fp8_block_1x128": Float8BlockTensor, "fp8_block_128x128": Float8BlockTensor,
+                   "mxfp8": MXFP8Tensor, "nvfp4": NVFP4Tensor}
+
+
+def tensor_from_buffers(spec: "QuantizeSpec", shape, dtype, buffers: dict) -> QuantizedTensor:
+    """A QuantizedTensor of ``spec``'s format and options (scales swizzled iff its
+    gemm_swizzled_scales option is) wrapping ``buffers`` (names as ``QuantizedTensor.buffers()``;
+    NVFP4 amax buffers included), validated, not copied. ``shape``: logical shape; ``dtype``: nominal
+    dtype. Raises ValueError as the tensor class's constructor does."""
+    opts = spec.options
+    kwargs = dict(shape=torch.Size(shape), dtype=dtype, **buffers)
+    if spec.fmt.startswith("fp8_block"):
+        kwargs.update(fp8_dtype=spec.fp8_dtype, block_dim=1 if spec.fmt == "fp8_block_1x128" else 2,
+                      pow2_scales=opts["pow2_scales"], amax_epsilon=opts["amax_epsilon"])
+    elif spec.fmt == "mxfp8":
+        kwargs.update(fp8_dtype=spec.fp8_dtype, gemm_swizzled_scales=opts["gemm_swizzled_scales"])
+    else:
+        kwargs.update(gemm_swizzled_scales=opts["gemm_swizzled_scales"])
+    return _TENSOR_CLASSES[spec.fmt](**kwargs)

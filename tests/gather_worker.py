@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import pyxfer
+import pyxfer.gather.errors
 from pyxfer import formats
 from pyxfer.gather import GatherHandle, GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
 from pyxfer.testing import FAULT_KINDS, inject_fault
@@ -116,7 +117,7 @@ def gather(ctx, x, *, async_op=False, **kw):
 
 @contextlib.contextmanager
 def expect_warning(expected, contains=()):
-    pyxfer.gather._warned.clear()
+    pyxfer.gather.errors._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
@@ -296,7 +297,7 @@ def quantized_cases():
 
     @case("fallback-warns-once-per-call-site")
     def _(ctx):
-        pyxfer.gather._warned.clear()
+        pyxfer.gather.errors._warned.clear()
         full = full_tensor(ctx, (64, 128), torch.bfloat16, ctx.gen())
         q = formats.quantize(shard_of(ctx, full).to(ctx.device), "fp8_block_1x128")
         with warnings.catch_warnings(record=True) as caught:
@@ -315,9 +316,9 @@ def quantized_cases():
         full = full_tensor(ctx, (64, 128), torch.bfloat16, ctx.gen())
         q = formats.quantize(shard_of(ctx, full).to(ctx.device), "fp8_block_1x128", columnwise=True)
         calls = []
-        real_quantize, real_verify = formats.quantize, pyxfer.gather._verify
+        real_quantize, real_verify = formats.quantize, pyxfer.gather.queue_checks
         formats.quantize = lambda *a, **k: (calls.append("quantize"), real_quantize(*a, **k))[1]
-        pyxfer.gather._verify = lambda *a, **k: (calls.append("verify"), real_verify(*a, **k))[1]
+        pyxfer.gather.queue_checks = lambda *a, **k: (calls.append("verify"), real_verify(*a, **k))[1]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", QuantizedGatherFallbackWarning)
@@ -326,7 +327,7 @@ def quantized_cases():
             got = h.wait()
             assert got is h.wait() and h.is_completed()
         finally:
-            formats.quantize, pyxfer.gather._verify = real_quantize, real_verify
+            formats.quantize, pyxfer.gather.queue_checks = real_quantize, real_verify
         requantized = ctx.world * 64 % 128 == 0
         assert calls == (["verify", "quantize"] if requantized else ["verify"]), calls
         hp = torch.cat([formats.quantize(shard_of(ctx, full, r), "fp8_block_1x128", columnwise=True).dequantize()
@@ -528,16 +529,16 @@ def mismatch_cases():
 @contextlib.contextmanager
 def scratch_posts():
     """Counts this rank's posts of scratch buffers (fused mode, a call with another signature)."""
-    seen, original = [], pyxfer.gather._scratch_parts
+    seen, original = [], pyxfer.gather.scratch_parts
 
     def counting(layout, *args):
         seen.append(len(layout))
         return original(layout, *args)
-    pyxfer.gather._scratch_parts = counting
+    pyxfer.gather.scratch_parts = counting
     try:
         yield seen
     finally:
-        pyxfer.gather._scratch_parts = original
+        pyxfer.gather.scratch_parts = original
 
 
 def fused_cases():
@@ -624,13 +625,13 @@ def fused_cases():
         own error with its record buffers back in the pool, the others get exact results, the group
         stays fused and in step."""
         q, want = fused_mxfp8(ctx, (64, 64))
-        pool = pyxfer.gather._free_record_buffers.get((torch.device(ctx.device), ctx.world))
+        pool = pyxfer.gather.exchange._free_record_buffers.get((torch.device(ctx.device), ctx.world))
         free = None if pool is None else len(pool)
-        original = pyxfer.gather._build_qt
+        original = pyxfer.formats.tensor_from_buffers
 
         def failing(*args, **kwargs):
             raise RuntimeError("injected local failure")
-        pyxfer.gather._build_qt = failing if ctx.rank == 0 else original
+        pyxfer.formats.tensor_from_buffers = failing if ctx.rank == 0 else original
         try:
             for asyn in (False, True):
                 try:
@@ -641,7 +642,7 @@ def fused_cases():
                     assert ctx.rank != 0, "no error raised"
                     assert_same(got, want)
         finally:
-            pyxfer.gather._build_qt = original
+            pyxfer.formats.tensor_from_buffers = original
         assert free is None or len(pool) == free, (free, len(pool))
         assert state(ctx).fused()
         assert_same(all_gather(q, ctx.group), want)
@@ -653,12 +654,12 @@ def fused_cases():
         memory): that rank posts scratch buffers with an error record and raises its own error, the
         others raise a ValueError naming it (nobody hangs); the group stays fused and in step."""
         q, want = fused_mxfp8(ctx, (64, 96))
-        original = pyxfer.gather._quantized_parts
+        original = pyxfer.gather.layouts.quantized_parts
 
         def failing(*args, **kwargs):
             raise torch.OutOfMemoryError("injected allocation failure")
         for asyn in (False, True):
-            pyxfer.gather._quantized_parts = failing if ctx.rank == 0 else original
+            pyxfer.gather.layouts.quantized_parts = failing if ctx.rank == 0 else original
             try:
                 with scratch_posts() as seen:
                     try:
@@ -668,7 +669,7 @@ def fused_cases():
                     else:
                         raise AssertionError("no error raised")
             finally:
-                pyxfer.gather._quantized_parts = original
+                pyxfer.gather.layouts.quantized_parts = original
             if ctx.rank == 0:
                 assert isinstance(err, torch.OutOfMemoryError) and "injected" in str(err), err
                 assert seen == [2], seen  # the agreed layout: rowwise data and scales
