@@ -13,24 +13,21 @@ import pyxfer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import gather_worker  # noqa: E402
-from test_gather import assert_case_passed, run_group  # noqa: E402
+from gather_harness import case_names, run_group  # noqa: E402
+from test_gather import assert_case_passed, selected_cases  # noqa: E402
 
 pytestmark = pytest.mark.multigpu
 
 _cache = {}
 
 
-def nccl_results(swap):
-    if swap not in _cache:
-        _cache[swap] = run_group(2, backend="nccl", extra=("--swap-devices",) if swap else ())
-    return _cache[swap]
-
-
 @pytest.mark.parametrize("swap", [False, True], ids=["own-gpu", "swapped-gpus"])
-@pytest.mark.parametrize("case", gather_worker.case_names(2))
-def test_nccl_gather_case(case, swap):
-    assert_case_passed(*nccl_results(swap), case)
+@pytest.mark.parametrize("case", case_names(2))
+def test_nccl_gather_case(request, case, swap):
+    if swap not in _cache:
+        _cache[swap] = run_group(2, backend="nccl", extra=("--swap-devices",) if swap else (),
+                                 only=selected_cases(request, "test_nccl_gather_case", swap=swap))
+    assert_case_passed(*_cache[swap], case)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4"])
