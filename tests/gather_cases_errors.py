@@ -6,7 +6,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from gather_harness import QUANTIZABLE, assert_same, full_tensor, gather, nvfp4_opts, shard_of
+import pyxfer.gather
+import pyxfer.gather.layouts
+import pyxfer.gather.plan
+from gather_harness import QUANTIZABLE, assert_same, full_tensor, gather, in_step, nvfp4_opts, shard_of
 from pyxfer import formats
 from pyxfer.gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
 from pyxfer.testing import FAULT_KINDS, inject_fault
@@ -152,5 +155,76 @@ def mismatch_cases():
     return out
 
 
+# ---- a failure on one rank after the records agreed -------------------------------------------
+
+class Injected(RuntimeError):
+    pass
+
+
+def _fail_once(real):
+    calls = []
+
+    def failing(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            raise Injected("injected failure")
+        return real(*args, **kwargs)
+    return failing
+
+
+# step: (module, function that fails, what the step is called, input maker, gather kwargs)
+_STEPS = {
+    "build": (pyxfer.gather.layouts, "plain_part", "building the send and receive buffers", "plain", {}),
+    "nvfp4-quantize": (pyxfer.gather.plan, "quantize_with_group_amax", "quantizing with the group's NVFP4 global amax",
+                       "bf16", {"quantize_as": formats.QuantizeSpec("nvfp4", columnwise=True)}),
+    "hash": (pyxfer.gather, "hash_all", "hashing the sent buffers", "bf16",
+             {"quantize_as": formats.QuantizeSpec("nvfp4"), "verify": True}),
+    "allocate": (pyxfer.gather, "status_part", "allocating the status buffers", "bf16",
+                 {"quantize_as": formats.QuantizeSpec("mxfp8", rowwise=True, columnwise=True), "verify": True}),
+}
+
+
+def failure_after_agreement_cases():
+    """A rank that fails after the records agreed (building its buffers, the NVFP4 quantize with the
+    group's amax, hashing, allocating) posts the agreed collective with scratch buffers: it raises its
+    own error (noting the step), every other rank a RuntimeError naming it and the step, nobody hangs
+    (a rank waiting for a collective never posted would hit the group's timeout instead), and the
+    group stays in step and usable (the same call succeeds next)."""
+    out = []
+    for i, (step, (module, fn_name, words, make, kwargs)) in enumerate(_STEPS.items()):
+        for asyn in (False, True):
+            def run(ctx, module=module, fn_name=fn_name, words=words, make=make, kwargs=kwargs, asyn=asyn, i=i):
+                failing = (i + asyn) % ctx.world
+                full = full_tensor(ctx, (32, 64), torch.bfloat16, ctx.gen())
+                if make == "plain":
+                    full = torch.arange(ctx.world * 7 * 5, dtype=torch.int32).reshape(ctx.world * 7, 5)
+                x = shard_of(ctx, full).to(ctx.device)
+                want = kwargs["quantize_as"].quantize(full) if "quantize_as" in kwargs else full
+                rows = 9 + i  # a signature of its own: a waiting call, whatever the group did before
+                extra = torch.zeros(rows, 3, device=ctx.device)
+                assert_same(all_gather(extra, ctx.group), torch.zeros(ctx.world * rows, 3))
+                real = getattr(module, fn_name)
+                if ctx.rank == failing:
+                    setattr(module, fn_name, _fail_once(real))
+                try:
+                    out_ = all_gather(x, ctx.group, async_op=asyn, **kwargs)
+                    if asyn:
+                        out_.wait()
+                except Injected as e:
+                    assert ctx.rank == failing, (ctx.rank, e)
+                    assert any(f"rank {failing} failed while {words}" in n for n in e.__notes__), e.__notes__
+                except RuntimeError as e:
+                    assert ctx.rank != failing, e
+                    assert f"rank {failing} while {words}" in str(e) and "after the ranks agreed" in str(e), e
+                else:
+                    raise AssertionError(f"no error raised on rank {ctx.rank}")
+                finally:
+                    setattr(module, fn_name, real)
+                assert_same(gather(ctx, x, **kwargs), want)
+                in_step(ctx)
+            out.append((f"failure-after-agreement-{step}-{'async' if asyn else 'sync'}", run))
+    return out
+
+
 def cases(world):
-    return fault_cases() + mismatch_cases()
+    return fault_cases() + mismatch_cases() + failure_after_agreement_cases()

@@ -1,12 +1,15 @@
 """Gather cases: fused mode (data and record in one collective once a group repeats its
 signature): repeats, new signatures, calls in flight, local failures before and after posting,
 disagreements with ranks in fused mode; and the side stream of the waiting protocol."""
+import weakref
+
 import torch
+import torch.distributed as dist
 
 import pyxfer.gather
 import pyxfer.gather.exchange
 import pyxfer.gather.layouts
-from gather_harness import assert_same, full_tensor, gather, in_step, scratch_posts, shard_of, state
+from gather_harness import assert_same, full_tensor, gather, in_step, reachable, scratch_posts, shard_of, state
 from pyxfer import formats
 from pyxfer.gather import all_gather
 
@@ -146,43 +149,75 @@ def fused_cases():
         in_step(ctx)
     out.append(("fused-local-failure-before-posting", failure_before_posting))
 
-    variants = {  # name: (rank 0's input, the others' input, words of the error)
-        "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
-        "dtype": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(4, 3, dtype=torch.float16, device=d),
-                  "dtype"),
-        "bad-input": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones((), device=d), "rejected"),
-    }
-    for name, (agreed, other, words) in variants.items():
-        for fused_ranks in ("rank0", "others"):
-            for asyn in (False, True):
-                def run(ctx, name=name, agreed=agreed, other=other, words=words, fused_ranks=fused_ranks, asyn=asyn):
-                    for _ in range(2):
-                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
-                    assert state(ctx).fused()
-                    on_agreed = (ctx.rank == 0) == (fused_ranks == "rank0")
-                    x = agreed(ctx.device) if on_agreed else other(ctx.device)
-                    with scratch_posts() as seen:
-                        try:
-                            gather(ctx, x, async_op=asyn)
-                        except (ValueError, TypeError) as e:
-                            msg = str(e)
-                        else:
-                            raise AssertionError("no error raised")
-                    assert seen == ([] if on_agreed else [1]), (seen, ctx.rank)
-                    others = "rank 1" if ctx.world == 2 else f"ranks {', '.join(map(str, range(1, ctx.world)))}"
-                    if name != "bad-input":
-                        assert words in msg and "rank 0" in msg and others in msg, msg
-                    elif on_agreed:  # the others' error names the ranks that rejected their input
-                        assert words in msg and (others if fused_ranks == "rank0" else "rank 0") in msg, msg
-                    else:
-                        assert "0-dim" in msg, msg
-                    assert state(ctx).fused()  # errors change no state: the agreed call is still fused
-                    with scratch_posts() as seen:
-                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
-                    assert seen == []
-                    in_step(ctx)
-                    in_step(ctx)
-                out.append((f"fused-disagree-{name}-agreed-on-{fused_ranks}-{'async' if asyn else 'sync'}", run))
+    def failed_attempt_freed_first(ctx):
+        """A fused call that fails on one rank while building its buffers (after allocating some, as
+        an out-of-memory error does) posts scratch buffers instead: the failed attempt's buffers are
+        freed before the scratch is allocated (the error's frames must not keep them)."""
+        q, want = fused_mxfp8(ctx, (64, 32))
+        original, alive_at_scratch = pyxfer.gather.layouts.quantized_parts, []
+        built = []
+
+        def failing(*args, **kwargs):
+            parts = original(*args, **kwargs)  # allocated, held by this frame when the error is raised
+            built.extend(weakref.ref(p.recv) for p in parts)
+            raise torch.OutOfMemoryError("injected: out of memory after allocating the result")
+
+        def counting(layout, *args):
+            alive_at_scratch.append(sum(r() is not None for r in built))
+            return scratch(layout, *args)
+        scratch = pyxfer.gather.scratch_parts
+        if ctx.rank == ctx.world - 1:
+            pyxfer.gather.layouts.quantized_parts, pyxfer.gather.scratch_parts = failing, counting
+        try:
+            gather(ctx, q)
+        except (torch.OutOfMemoryError, ValueError) as e:
+            err = e
+        else:
+            raise AssertionError("no error raised")
+        finally:
+            pyxfer.gather.layouts.quantized_parts, pyxfer.gather.scratch_parts = original, scratch
+        if ctx.rank == ctx.world - 1:
+            assert isinstance(err, torch.OutOfMemoryError), err
+            assert built and alive_at_scratch == [0], (len(built), alive_at_scratch)
+        else:
+            assert isinstance(err, ValueError) and f"rank {ctx.world - 1}" in str(err), err
+        del err
+        assert_same(all_gather(q, ctx.group), want)
+        in_step(ctx)
+    out.append(("fused-fallback-frees-the-failed-attempt-first", failed_attempt_freed_first))
+
+    def failed_call_holds_no_collective(ctx, variant, asyn):
+        """The error of a failed fused call (rank 0 passes another dim 0, or None) keeps no Work object
+        of the call alive and is in no reference cycle (which would keep the call's frames, its
+        buffers and the group alive until a garbage collection): objects of the failed call that
+        outlive the process group abort the process at exit (gloo)."""
+        x = torch.ones(4, 3, device=ctx.device)
+        for _ in range(3):
+            assert_same(all_gather(x, ctx.group), torch.ones(4 * ctx.world, 3))
+        assert state(ctx).fused()
+        handle = None
+        try:
+            y = x if ctx.rank else torch.ones(5, 3, device=ctx.device) if variant == "shape" else None
+            if asyn and ctx.rank != 0:  # rank 0 raises at the call (it read the records at once)
+                handle = all_gather(y, ctx.group, async_op=True)
+                handle.wait()
+            else:
+                all_gather(y, ctx.group)
+        except (ValueError, TypeError) as e:
+            assert ("dim 0" if variant == "shape" else "rejected" if ctx.rank else "torch.Tensor") in str(e), e
+            found = reachable(e)
+            works = [o for o in found if isinstance(o, dist.Work)]
+            assert not works, f"the error keeps {len(works)} Work object(s) of the failed call alive"
+            if handle is None:  # (a handle keeps its error to raise it again: that cycle holds no Work)
+                assert not any(o is e for o in found), "the error is in a reference cycle"
+            del found
+        else:
+            raise AssertionError("no error raised")
+        in_step(ctx)
+    for variant in ("shape", "none"):
+        for asyn in (False, True):
+            out.append((f"failed-call-holds-no-collective-{variant}-{'async' if asyn else 'sync'}",
+                        lambda ctx, variant=variant, asyn=asyn: failed_call_holds_no_collective(ctx, variant, asyn)))
     return out
 
 
@@ -193,9 +228,10 @@ def stream_cases():
     def run(ctx):
         on_cuda = str(ctx.device).startswith("cuda")
 
-        def stall():  # what follows runs late on the caller's stream
+        def stall():  # what follows runs late on the caller's stream: the data device's current stream
             if on_cuda:
-                torch.cuda._sleep(20_000_000)
+                with torch.cuda.device(ctx.device):  # the data may live on another GPU than the current one
+                    torch.cuda._sleep(20_000_000)
         gen, spec = ctx.gen(), formats.QuantizeSpec("nvfp4")  # global amax from the records: never fused
         full = full_tensor(ctx, (32, 64), torch.bfloat16, gen, spread=True)
         x = shard_of(ctx, full).to(ctx.device)

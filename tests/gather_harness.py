@@ -166,6 +166,51 @@ def scratch_posts():
 
 
 
+def reachable(root, limit=200_000) -> list:
+    """The objects reachable from ``root`` through tracebacks, frames' locals, closures, containers and
+    instance attributes (not through modules, classes, functions' globals or tensors' storage)."""
+    import types
+    caller = sys._getframe(1)  # executing: its locals hold root (not a reference of root's)
+    seen, out, todo = {id(root), id(caller)}, [], [root]
+    while todo and len(out) < limit:
+        obj = todo.pop()
+        if isinstance(obj, BaseException):
+            nxt = [obj.__traceback__, obj.__context__, obj.__cause__, *obj.args]
+        elif isinstance(obj, types.TracebackType):
+            nxt = [obj.tb_frame, obj.tb_next]
+        elif isinstance(obj, types.FrameType):
+            nxt = list(obj.f_locals.values())
+        elif isinstance(obj, types.FunctionType):
+            nxt = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        elif isinstance(obj, types.MethodType):
+            nxt = [obj.__self__]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            nxt = list(obj)
+        elif isinstance(obj, dict):
+            nxt = list(obj.values())
+        elif isinstance(obj, (types.ModuleType, type, torch.Tensor, str, bytes, int, float)) or obj is None:
+            nxt = []
+        else:
+            nxt = list(getattr(obj, "__dict__", {}).values())
+            nxt += [getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)]
+        for o in nxt:
+            if o is root:
+                out.append(o)
+            if id(o) not in seen:
+                seen.add(id(o))
+                out.append(o)
+                todo.append(o)
+    return out
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
 # ---- the case registry and the spawner --------------------------------------------------------
 
 def cases(world):

@@ -244,8 +244,7 @@ def _waiting_call(local, records, agreed, signature, group, rank, world, device,
                 local.build_parts(world)  # allocations overlap the exchange
             except Exception as e:  # reported after the records agreed (or not)
                 failure = e
-        error = local.take_error()
-        rec.check_agreement(records.read(), error)
+        rec.check_agreement(records.read(), local.take_error())
         agreed_on_call = True
         if failure is not None:
             raise failure
@@ -283,4 +282,7 @@ def _waiting_call(local, records, agreed, signature, group, rank, world, device,
     failure.add_note(f"{OP}: rank {rank} failed while {rec.step_name(step)}, after the ranks agreed on the "
                      "call; it posted scratch buffers so that no rank waits, and the others raise a "
                      "RuntimeError naming this rank")
-    raise failure
+    try:
+        raise failure
+    finally:  # this frame, on the error's traceback, must not hold it (a reference cycle)
+        failure = None

@@ -206,7 +206,7 @@ class Records:
         if self._metas is None:
             if self._work is not None:
                 self._work.wait()
-                self._work = None
+                self._work, self.works = None, []  # done: no Work object outlives its use
             elif self.event is not None:
                 self.event.synchronize()
             flat = self.host.tolist()

@@ -153,7 +153,10 @@ def check_agreement(metas, own_error=None):
     bad = [r for r, m in enumerate(metas) if m[F_ERROR]]
     if bad:
         if own_error is not None:
-            raise own_error
+            try:
+                raise own_error
+            finally:  # this frame, on the error's traceback, must not hold it (a reference cycle)
+                own_error = None
         raise ValueError(f"{OP}: {fmt_ranks(bad)} rejected {'their' if len(bad) > 1 else 'its'} input or "
                          f"failed before sending (see the error raised there); nothing was gathered")
 
