@@ -218,6 +218,43 @@ def fused_cases():
         for asyn in (False, True):
             out.append((f"failed-call-holds-no-collective-{variant}-{'async' if asyn else 'sync'}",
                         lambda ctx, variant=variant, asyn=asyn: failed_call_holds_no_collective(ctx, variant, asyn)))
+    variants = {  # name: (rank 0's input, the others' input, words of the error)
+        "shape": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(5, 3, device=d), "dim 0"),
+        "dtype": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones(4, 3, dtype=torch.float16, device=d),
+                  "dtype"),
+        "bad-input": (lambda d: torch.ones(4, 3, device=d), lambda d: torch.ones((), device=d), "rejected"),
+    }
+    for name, (agreed, other, words) in variants.items():
+        for fused_ranks in ("rank0", "others"):
+            for asyn in (False, True):
+                def run(ctx, name=name, agreed=agreed, other=other, words=words, fused_ranks=fused_ranks, asyn=asyn):
+                    for _ in range(2):
+                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
+                    assert state(ctx).fused()
+                    on_agreed = (ctx.rank == 0) == (fused_ranks == "rank0")
+                    x = agreed(ctx.device) if on_agreed else other(ctx.device)
+                    with scratch_posts() as seen:
+                        try:
+                            gather(ctx, x, async_op=asyn)
+                        except (ValueError, TypeError) as e:
+                            msg = str(e)
+                        else:
+                            raise AssertionError("no error raised")
+                    assert seen == ([] if on_agreed else [1]), (seen, ctx.rank)
+                    others = "rank 1" if ctx.world == 2 else f"ranks {', '.join(map(str, range(1, ctx.world)))}"
+                    if name != "bad-input":
+                        assert words in msg and "rank 0" in msg and others in msg, msg
+                    elif on_agreed:  # the others' error names the ranks that rejected their input
+                        assert words in msg and (others if fused_ranks == "rank0" else "rank 0") in msg, msg
+                    else:
+                        assert "0-dim" in msg, msg
+                    assert state(ctx).fused()  # errors change no state: the agreed call is still fused
+                    with scratch_posts() as seen:
+                        assert_same(all_gather(agreed(ctx.device), ctx.group), torch.ones(4 * ctx.world, 3))
+                    assert seen == []
+                    in_step(ctx)
+                    in_step(ctx)
+                out.append((f"fused-disagree-{name}-agreed-on-{fused_ranks}-{'async' if asyn else 'sync'}", run))
     return out
 
 

@@ -149,8 +149,9 @@ class Records:
         self.works = []
         fused = data_parts is not None
         if device.type != "cuda":
-            send = torch.tensor(meta, dtype=torch.int64)
+            send = agreed.device_record(meta, device) if cached else torch.tensor(meta, dtype=torch.int64)
             if device_values is not None:
+                send = send.clone() if cached else send
                 device_values(send)
             self.dev = self.host = torch.empty(world * rec.RECORD_LEN, dtype=torch.int64)
             self.event = None
@@ -277,8 +278,9 @@ class Agreed:
         self.signature, self.layout = signature, layout
 
     def device_record(self, meta, device) -> torch.Tensor:
-        """This rank's record on ``device`` for a call of the agreed signature, made once and only
-        read after that (recorded on the read stream by every call that posts it)."""
+        """This rank's record as a tensor on ``device`` (CPU included) for a call of the agreed
+        signature, made once and only read after that (on CUDA, recorded on the read stream by every
+        call that posts it)."""
         record, dev = self._records.get(device, (None, None))
         if record != meta:
             dev = torch.tensor(meta, dtype=torch.int64).to(device)

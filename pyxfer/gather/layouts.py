@@ -6,6 +6,7 @@ tensor's buffer, ``recv`` is (a prefix of) the result; elsewhere ``finish()`` fi
 (``quantized_layout`` says which, per format and buffer). Padded shard scales are trimmed before
 sending and zero-padded after, so the result is bit-identical (padding included) to quantizing the
 full tensor in one process. Everything here is local: no collective, no record."""
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -64,9 +65,11 @@ def _rup(a, b):
     return -(-a // b) * b
 
 
-def quantized_layout(spec, shape, world) -> list:
-    """The Gathered buffers of a shard of logical ``shape`` (quantizable for ``spec``'s format) with
-    ``spec``'s usages, whose finished results are the buffers of quantizing the (W*d0, ...) tensor."""
+@functools.lru_cache(maxsize=256)
+def quantized_layout(spec, shape, world) -> tuple:
+    """The Gathered buffers of a shard of logical ``shape`` (a tuple, quantizable for ``spec``'s format)
+    with ``spec``'s usages, whose finished results are the buffers of quantizing the (W*d0, ...)
+    tensor. Remembered: the same signature repeats call after call."""
     shape = tuple(shape)
     m, k = math.prod(shape[:-1]), shape[-1]
     wm, out = world * m, (world * shape[0],) + shape[1:]
@@ -109,7 +112,7 @@ def quantized_layout(spec, shape, world) -> list:
         add(row, "rowwise_scale_inv", (m, rcols), (m, rcols), "prefix", (_rup(wm, 128), rcols))
         add(col, "columnwise_data", None, (k, m // 2), "swap", (k, wm // 2))
         add(col, "columnwise_scale_inv", (k, m // 16), (k, m // 16), "swap", None, (_rup(k, 128), _rup(wm // 16, 4)))
-    return row + col
+    return tuple(row + col)
 
 
 def send_layout(spec, dtype, shape, world) -> tuple:
@@ -117,7 +120,7 @@ def send_layout(spec, dtype, shape, world) -> tuple:
     when the shard is quantizable, else one plain part in ``dtype`` (bytes for non-native dtypes).
     What a rank that cannot build its parts posts instead (scratch buffers of the agreed layout)."""
     if spec is not None and spec.is_quantizable(shape):
-        return tuple((g.dtype, math.prod(g.send_shape)) for g in quantized_layout(spec, shape, world))
+        return tuple((g.dtype, math.prod(g.send_shape)) for g in quantized_layout(spec, tuple(shape), world))
     numel = math.prod(shape)
     if dtype in NATIVE:
         return ((dtype, numel),)
@@ -135,7 +138,12 @@ def scratch_parts(layout, world, device) -> list:
 
 
 def _gathered_part(g: Gathered, buf, world) -> Part:
-    src = (buf if g.trim is None else buf[:g.trim[0], :g.trim[1]]).reshape(g.send_shape).contiguous()
+    if g.trim is not None:  # (each view op costs host time: only those that change something)
+        rows, cols = g.trim
+        buf = buf if cols == buf.shape[1] else buf[:, :cols]
+        buf = buf if rows == buf.shape[0] else buf[:rows]
+    src = buf if buf.shape == g.send_shape else buf.reshape(g.send_shape)
+    src = src if src.is_contiguous() else src.contiguous()
     if g.fixup == "direct":
         out = torch.empty(g.out_shape, dtype=src.dtype, device=src.device)
         return Part(g.name, src, out, lambda: out)
@@ -161,7 +169,7 @@ def _gathered_part(g: Gathered, buf, world) -> Part:
 def quantized_parts(q, spec, world) -> list:
     """Parts gathering compact QuantizedTensor ``q`` (shard quantizable for its format) with ``spec``'s
     usages, so that the finished buffers are those of quantizing the (W*d0, ...) tensor in one process."""
-    return [_gathered_part(g, getattr(q, g.name), world) for g in quantized_layout(spec, q.shape, world)]
+    return [_gathered_part(g, getattr(q, g.name), world) for g in quantized_layout(spec, tuple(q.shape), world)]
 
 
 def plain_part(t: torch.Tensor, world: int) -> Part:
@@ -185,7 +193,7 @@ def nvfp4_shard_values(parts, r, shape, dtype, amax) -> torch.Tensor:
     buffers = formats.buffer_layout("nvfp4", shape, rowwise=spec.rowwise, columnwise=spec.columnwise)
     data = by_name[f"{usage}_data"].region(r).view(buffers[f"{usage}_data"][0])
     scale = torch.zeros(buffers[f"{usage}_scale_inv"][0], dtype=torch.uint8, device=data.device)
-    (g,) = [g for g in quantized_layout(spec, shape, 1) if g.name == f"{usage}_scale_inv"]
+    (g,) = [g for g in quantized_layout(spec, tuple(shape), 1) if g.name == f"{usage}_scale_inv"]
     rows, cols = g.trim
     scale[:rows, :cols] = by_name[g.name].region(r).view(rows, cols)
     q = formats.tensor_from_buffers(spec, shape, dtype, {

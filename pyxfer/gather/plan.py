@@ -30,6 +30,22 @@ def compact(spec: formats.QuantizeSpec) -> formats.QuantizeSpec:
     return out
 
 
+_specs_of_tensors = {}  # (format, usages, options) of a QuantizedTensor -> its spec (immutable)
+
+
+def spec_of(q) -> formats.QuantizeSpec:
+    """``q.spec``, remembered per format, usages and options (building a spec validates its options:
+    host time every call would pay)."""
+    options = q.options
+    key = (q.fmt, q.rowwise_usage, q.columnwise_usage, tuple(options.items()))
+    spec = _specs_of_tensors.get(key)
+    if spec is None:
+        spec = q.spec
+        if len(_specs_of_tensors) < 256:
+            _specs_of_tensors[key] = spec
+    return spec
+
+
 def with_usages(spec, rowwise, columnwise):
     if (spec.rowwise, spec.columnwise) == (rowwise, columnwise):
         return spec
@@ -136,7 +152,7 @@ class Local:
                             f"got {type(quantize_as).__name__}")
         if isinstance(x, formats.QuantizedTensor):
             self.device = x.device
-            have = x.spec
+            have = spec_of(x)
             if spec is None or _provides(x, have, spec):
                 want = have if spec is None else spec
                 self.out_swizzled = _swizzled(want)
