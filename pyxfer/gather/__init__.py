@@ -53,6 +53,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from .. import testing
 from . import record as rec
@@ -69,7 +70,6 @@ def _group_info(group):
         raise RuntimeError(f"{OP}: torch.distributed is not initialized (call torch.distributed.init_process_group)")
     if group is None:
         group = dist.group.WORLD
-    from torch.distributed import distributed_c10d as c10d
     if isinstance(group, c10d.ProcessGroup):  # a member's group: its own methods (the dist helpers look it up)
         rank, world = group.rank(), group.size()
     else:
