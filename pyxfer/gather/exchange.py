@@ -207,9 +207,10 @@ class Records:
         if self._metas is None:
             if self._work is not None:
                 self._work.wait()
-                self._work, self.works = None, []  # done: no Work object outlives its use
+                self._work = None
             elif self.event is not None:
                 self.event.synchronize()
+            self.works = []  # waited for (or, NCCL, recorded on the read stream): no Work object outlives its use
             flat = self.host.tolist()
             self._metas = [flat[r * rec.RECORD_LEN:(r + 1) * rec.RECORD_LEN] for r in range(self.world)]
         return self._metas
