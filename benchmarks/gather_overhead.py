@@ -81,7 +81,8 @@ def worker(rank, world, tmp, rows, cols, reps):
         setattr(owner, name, wrapper)
     for name in ("Local", "Records", "complete"):
         count(G, name)
-    count(G.exchange, "launch")
+    count(G, "launch")  # a waiting call's data collective
+    count(G.exchange, "launch")  # records (fused: with the data)
     x = torch.randn(rows, cols, dtype=torch.bfloat16, device=device)
     u8 = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, device=device)
     q = formats.quantize(x, "mxfp8")

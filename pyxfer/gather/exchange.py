@@ -61,10 +61,9 @@ class _PackedWork:
             return True
         self._work.wait()
         self._work = None
-        rows, offset = self._recv.view(self._world, -1), 0
-        for p in self._ops:
-            as_bytes(p.recv).view(self._world, p.nbytes).copy_(rows[:, offset:offset + p.nbytes])
-            offset += p.nbytes
+        columns = self._recv.view(self._world, -1).split([p.nbytes for p in self._ops], dim=1)
+        for p, column in zip(self._ops, columns):
+            as_bytes(p.recv).view(self._world, p.nbytes).copy_(column)
         self._ops = self._send = self._recv = None
         return True
 

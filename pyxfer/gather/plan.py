@@ -2,6 +2,8 @@
 it would send), and the path, fixed by the signature, so identical on every rank that agrees:
 quantized, or the dequantize-then-gather fallback (and why, for the warning). What only the
 records tell (the NVFP4 shard amaxes) is handled after the data arrived (``Plan.rebuild``)."""
+import functools
+
 import torch
 
 from .. import formats
@@ -44,6 +46,12 @@ def spec_of(q) -> formats.QuantizeSpec:
         if len(_specs_of_tensors) < 256:
             _specs_of_tensors[key] = spec
     return spec
+
+
+@functools.lru_cache(maxsize=1024)
+def quantizable(spec, shape) -> bool:
+    """``spec.is_quantizable(shape)`` (``shape`` a tuple), remembered."""
+    return spec.is_quantizable(shape)
 
 
 def with_usages(spec, rowwise, columnwise):
@@ -186,7 +194,7 @@ class Local:
         self.kind, self.x, self.spec, self.out_swizzled = rec.KIND_TO_QUANTIZE, x, compact(spec), _swizzled(spec)
         if not self.exchange:
             return
-        if not spec.is_quantizable(self.shape):
+        if not quantizable(spec, self.shape):
             self.send = ("plain", x)  # fallback in the input dtype
         elif spec.fmt == "nvfp4" and spec.options["global_amax"] is None:
             self.amax_dev = (formats.global_amax(x),)  # global amax = max over ranks, known later
@@ -206,7 +214,7 @@ class Local:
         self.q = q
         if not self.exchange:
             return
-        if spec.is_quantizable(self.shape):
+        if quantizable(spec, self.shape):
             self.send = ("quantized", q)
         else:
             self.x = q.dequantize()
@@ -262,7 +270,7 @@ def decide(local: Local, records, world, on_step=None) -> Plan:
     if kind == rec.KIND_PLAIN:
         return Plan(local.parts, lambda finals: finals[0])
     ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
-    out_ok = spec.is_quantizable(out_shape)
+    out_ok = quantizable(spec, out_shape)
     nvfp4 = spec.fmt == "nvfp4"
 
     def requantize(hp, global_amax=None):
@@ -271,7 +279,7 @@ def decide(local: Local, records, world, on_step=None) -> Plan:
         q = spec.quantize(hp, global_amax=global_amax) if nvfp4 and global_amax is not None else spec.quantize(hp)
         return q.with_swizzled_scales() if local.out_swizzled else q
 
-    if not spec.is_quantizable(shape):
+    if not quantizable(spec, shape):
         dtype = str(local.dtype).removeprefix("torch.")
         what = "gathered quantized" if kind == rec.KIND_QUANTIZED else f"quantized as {spec.fmt}"
         reason = f"the shards of shape {list(shape)} on {ranks} cannot be {what}: " \
