@@ -11,7 +11,9 @@ collective posted, pyxfer.gather.exchange.Records), finish (waiting + post-proce
 records) and other (the rest of the call: the record encoded, the signature compared, the handle).
 Wall: median per call of a plain loop; own time and steps: medians per call of a second,
 instrumented loop (each call's own time is its wall time minus its own torch.distributed time and
-device waits, so a peer's lateness does not count; the wrappers add ~0.3 us per step). torch's own all-gather of the same shard
+device waits, so a peer's lateness does not count; the wrappers add ~0.3 us per step), and its CPU
+time (this thread's CPU time per call minus that inside torch.distributed calls and device waits:
+what the own time would be on an idle machine, as a preempted process's wall time is not). torch's own all-gather of the same shard
 (plain, host time per call) is the baseline in the same run. Goal (issue 20): <= 30 us for an
 already-quantized MXFP8 or FP8-block input, <= 50 us with verify=True.
 
@@ -121,8 +123,11 @@ class StepClock:
     """Exclusive host time per step of pyxfer.gather calls, torch.distributed time (the backend's
     all-gather call and Work.wait / is_completed) and device waits (CUDA Event.synchronize) apart."""
 
+    OUTSIDE = ("torch.distributed", "device wait")
+
     def __init__(self, G):
         self.G, self.spent, self.stack, self.undo = G, {}, [], []
+        self.outside_cpu = 0.0  # this thread's CPU time inside OUTSIDE steps
 
     def _timed(self, owner, name, step):
         fn = getattr(owner, name)
@@ -136,11 +141,15 @@ class StepClock:
 
     def run(self, step, fn, *args, **kwargs):
         self.stack.append(0.0)
+        outside = step in self.OUTSIDE
+        c0 = time.thread_time() if outside else 0.0
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             elapsed = time.perf_counter() - t0
+            if outside:
+                self.outside_cpu += time.thread_time() - c0
             children = self.stack.pop()
             self.spent[step] = self.spent.get(step, 0.0) + elapsed - children
             if self.stack:
@@ -221,12 +230,15 @@ def host_worker(rank, world, tmp, mode, rows, cols, calls, out):
         clock.install()
         try:
             warm(fn)
-            own, steps = [], {k: [] for k in HOST_STEPS}
+            own, own_cpu, steps = [], [], {k: [] for k in HOST_STEPS}
             for _ in range(calls):
                 clock.spent.clear()
+                clock.outside_cpu = 0.0
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 fn()
                 wall = time.perf_counter() - t0
+                own_cpu.append(time.thread_time() - c0 - clock.outside_cpu)
                 spent = dict(clock.spent)
                 mine = wall - spent.pop("torch.distributed", 0.0) - spent.pop("device wait", 0.0)
                 own.append(mine)
@@ -235,12 +247,13 @@ def host_worker(rank, world, tmp, mode, rows, cols, calls, out):
                     steps[k].append(spent.get(k, 0.0))
         finally:
             clock.uninstall()
-        return statistics.median(own) * 1e6, {k: statistics.median(v) * 1e6 for k, v in steps.items()}
+        return statistics.median(own) * 1e6, statistics.median(own_cpu) * 1e6, \
+            {k: statistics.median(v) * 1e6 for k, v in steps.items()}
 
     x0 = torch.randn(rows, cols, dtype=torch.bfloat16, device=device)
     out_t = torch.empty(world * rows, cols, dtype=x0.dtype, device=device)
     lines = [("torch all_gather_into_tensor bf16 (baseline)", per_call_us(
-        lambda: group._allgather_base(out_t, x0).wait()), None, {})]
+        lambda: group._allgather_base(out_t, x0).wait()), None, None, {})]
     for name, (x, kw) in host_cases(G, formats, device, rows, cols).items():
         fn = functools.partial(G.gather, x, group, rank, world, **kw) if mode == "gpu1" else \
             functools.partial(G.all_gather, x, group, **kw)
@@ -248,8 +261,8 @@ def host_worker(rank, world, tmp, mode, rows, cols, calls, out):
             assert fn() is not None
         assert G._agreed(group).fused(), f"{name}: not in fused mode after 3 calls"
         wall = per_call_us(fn)
-        own, steps = per_step_us(fn)
-        lines.append((name, wall, own, steps))
+        own, own_cpu, steps = per_step_us(fn)
+        lines.append((name, wall, own, own_cpu, steps))
     if rank == 0:
         out.put(lines)
     dist.destroy_process_group()
@@ -268,12 +281,13 @@ def host_main(a):
     where = f"gloo, {world} CPU processes" if a.mode == "gloo" else f"1-rank NCCL group, {torch.cuda.get_device_name(0)}"
     print(f"pyxfer host time per steady-state call ({where}; {a.rows}x{a.cols} bf16 shard; median of {a.calls} "
           f"calls; us)")
-    print(f"| call | wall per call | pyxfer's own host time | {' / '.join(HOST_STEPS)} |\n|---|---|---|---|")
-    for name, wall, own, steps in lines:
+    print(f"| call | wall per call | pyxfer's own host time | its CPU time | {' / '.join(HOST_STEPS)} |\n"
+          "|---|---|---|---|---|")
+    for name, wall, own, own_cpu, steps in lines:
         if own is None:
-            print(f"| {name} | {wall:.1f} | - | - |")
+            print(f"| {name} | {wall:.1f} | - | - | - |")
             continue
-        print(f"| {name} | {wall:.1f} | {own:.1f} | {' / '.join(f'{steps[k]:.1f}' for k in HOST_STEPS)} |")
+        print(f"| {name} | {wall:.1f} | {own:.1f} | {own_cpu:.1f} | {' / '.join(f'{steps[k]:.1f}' for k in HOST_STEPS)} |")
 
 
 def main():
