@@ -1,7 +1,8 @@
 """Where the time of one pyxfer.all_gather call goes.
 
-``--mode gloo`` (2 CPU processes, a gloo group) and ``--mode gpu1`` (one GPU, a 1-rank NCCL group
-running the whole protocol through pyxfer.gather.gather, which all_gather shortcuts for one rank):
+``--mode gloo`` (2 CPU processes, a gloo group; ``--world-size 1``: one process) and ``--mode gpu1``
+(one GPU, a 1-rank NCCL group), each call running all of all_gather's steps (pyxfer.gather.gather;
+all_gather itself shortcuts a 1-rank group):
 pyxfer's own host time per steady-state call (the same signature as the calls before it: fused
 mode), i.e. the wall time of the call minus the time inside torch.distributed (the backend's
 all-gather call and Work.wait, which on gloo moves the data) and, on CUDA, minus host waits for the
@@ -255,8 +256,8 @@ def host_worker(rank, world, tmp, mode, rows, cols, calls, out):
     lines = [("torch all_gather_into_tensor bf16 (baseline)", per_call_us(
         lambda: group._allgather_base(out_t, x0).wait()), None, None, {})]
     for name, (x, kw) in host_cases(G, formats, device, rows, cols).items():
-        fn = functools.partial(G.gather, x, group, rank, world, **kw) if mode == "gpu1" else \
-            functools.partial(G.all_gather, x, group, **kw)
+        def fn(x=x, kw=kw):  # all_gather's steps, for any world size (all_gather itself shortcuts one rank)
+            return G.gather(x, *G._group_info(group), **kw)
         for _ in range(3):
             assert fn() is not None
         assert G._agreed(group).fused(), f"{name}: not in fused mode after 3 calls"
