@@ -12,7 +12,7 @@ collective posted, pyxfer.gather.exchange.Records), finish (waiting + post-proce
 records) and other (the rest of the call: the record encoded, the signature compared, the handle).
 Wall: median per call of a plain loop; own time and steps: medians per call of a second,
 instrumented loop (each call's own time is its wall time minus its own torch.distributed time and
-device waits, so a peer's lateness does not count; the wrappers add ~0.3 us per step), and its CPU
+device waits (Event.synchronize, a CUDA tensor's tolist), so a peer's lateness does not count; the wrappers add ~0.3 us per step), and its CPU
 time (this thread's CPU time per call minus that inside torch.distributed calls and device waits:
 what the own time would be on an idle machine, as a preempted process's wall time is not). torch's own all-gather of the same shard
 (plain, host time per call) is the baseline in the same run. Goal (issue 20): <= 30 us for an
@@ -181,6 +181,12 @@ class StepClock:
         self.undo.append((G.exchange, "_allgather", real_allgather))
         if torch.cuda.is_available():
             self._timed(torch.cuda.Event, "synchronize", "device wait")
+            real_tolist = torch.Tensor.tolist
+
+            def tolist(t):  # a CUDA tensor's values: the host waits for the device (verify's hashes)
+                return clock.run("device wait", real_tolist, t) if t.is_cuda else real_tolist(t)
+            torch.Tensor.tolist = tolist
+            self.undo.append((torch.Tensor, "tolist", real_tolist))
 
     def uninstall(self):
         for owner, name, fn in reversed(self.undo):
