@@ -3,7 +3,7 @@
 # benchmarks, and print a short summary table last. Results (logs, JSON) go to $OUT (default ./gpu-check-out).
 #   bash benchmarks/gpu_check.sh            # everything
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
-# Environment: PYXFER_STEPS (default "build doctor tests benchmarks summary"), PYXFER_TESTS (pytest
+# Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
 # arguments, default "tests"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
 # PYXFER_CXX (compiler).
 set -uo pipefail
@@ -21,7 +21,7 @@ if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr
 if [ -n "${PYXFER_CXX:-}" ]; then export CXX=$PYXFER_CXX; elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 
 step() { echo; echo "=== $1"; }
-wants() { [[ " ${PYXFER_STEPS:-build doctor tests benchmarks summary} " == *" $1 "* ]]; }
+wants() { [[ " ${PYXFER_STEPS:-build doctor tests bench benchmarks summary} " == *" $1 "* ]]; }
 status=0
 
 if wants build; then
@@ -47,14 +47,26 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 
 if wants doctor; then
   step "doctor"
-  $PY -m pyxfer doctor || status=1
-  $PY -m pyxfer doctor --json > "$OUT/doctor.json" 2>/dev/null || true
+  $PY -m pyxfer --version
+  start=$(date +%s)
+  $PY -m pyxfer doctor --no-cache || status=1
+  echo "doctor took $(( $(date +%s) - start )) s"
+  $PY -m pyxfer doctor --json --no-cache > "$OUT/doctor.json" 2>/dev/null || true
 fi
 
 if wants tests; then
   step "tests"
   timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TESTS:-tests} \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if wants bench; then
+  step "pyxfer bench (${PYXFER_BENCH_PRESET:-quick} preset)"
+  plot=()
+  if $PY -c "import matplotlib" 2>/dev/null; then plot=(--plot "$OUT/pyxfer_bench.png"); fi
+  $PY -m pyxfer bench --preset "${PYXFER_BENCH_PRESET:-quick}" --no-progress --json "$OUT/pyxfer_bench.json" ${plot[@]+"${plot[@]}"} \
+    2>&1 | tee "$OUT/pyxfer_bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

@@ -1,5 +1,6 @@
 // Build facts compiled into the extension, so that what runs can say what it was built for.
 // PYXFER_WITH_CUDA and PYXFER_CUDA_ARCH_LIST are defined by setup.py (the one build definition).
+#include <torch/library.h>
 #include <torch/version.h>
 
 #include <sstream>
@@ -26,5 +27,8 @@ std::string build_info_json() {
   s << ", \"compiler\": \"" << __VERSION__ << "\"}";
   return s.str();
 }
+
+// No tensor arguments: the catch-all (CompositeImplicitAutograd) kernel, as def(schema, fn) registers.
+TORCH_LIBRARY_IMPL(pyxfer, CompositeImplicitAutograd, m) { m.impl("build_info", &build_info_json); }
 
 }  // namespace pyxfer

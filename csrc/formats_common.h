@@ -59,9 +59,10 @@ inline void check_usages(const char* op, bool rowwise, bool columnwise) {
   TORCH_CHECK(rowwise || columnwise, op, ": at least one of rowwise and columnwise must be true");
 }
 
-inline void check_divisible(const char* op, const Matrix& mk, int64_t block, const char* format) {
+// `what`: the argument the matrix comes from ("x"; for dequantize, the matrix that "data" stores).
+inline void check_divisible(const char* op, const Matrix& mk, int64_t block, const char* format, const char* what) {
   TORCH_CHECK(mk.m % block == 0 && mk.k % block == 0, op, ": ", format, " needs the flattened leading dims (M=",
-              mk.m, ") and the last dim (K=", mk.k, ") of x to be multiples of ", block);
+              mk.m, ") and the last dim (K=", mk.k, ") of ", what, " to be multiples of ", block);
 }
 
 inline at::Tensor bytes(const at::Tensor& like, at::IntArrayRef shape) {
@@ -192,7 +193,7 @@ inline QuantizeArgs check_quantize_mxfp8(const char* op, const at::Tensor& x, bo
   check_usages(op, rowwise, columnwise);
   const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
   const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8", "x");
   return {mk, kind};
 }
 
@@ -202,7 +203,7 @@ inline Matrix check_quantize_nvfp4(const char* op, const at::Tensor& x, const at
   check_usages(op, rowwise, columnwise);
   check_global_amax(op, "global_amax", global_amax, x);
   const Matrix mk = matrix_of(x);
-  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4");
+  check_divisible(op, mk, fmt::kNvfp4BlockLen, "NVFP4", "x");
   return mk;
 }
 
@@ -232,7 +233,7 @@ inline DequantizeArgs check_dequantize_mxfp8(const char* op, const at::Tensor& d
   const fmt::Fp8Kind kind = fp8_kind_of(op, fp8_dtype);
   check_out_dtype(op, out_dtype);
   const Matrix mk = matrix_of(data);
-  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8");
+  check_divisible(op, mk, fmt::kMxfp8BlockLen, "MXFP8", "the matrix data stores");
   check_scales(op, scale_inv, at::kByte, fmt::mxfp8_scale_shape(mk.m, mk.k, columnwise));
   check_same_device(op, "scale_inv", scale_inv, data);
   return {{mk, data.sizes().vec()}, kind};
@@ -244,7 +245,7 @@ inline DequantShape check_dequantize_nvfp4(const char* op, const at::Tensor& dat
   check_out_dtype(op, out_dtype);
   check_global_amax(op, "amax", amax, data);
   DequantShape shape = nvfp4_dequant_shape(op, data, columnwise);
-  check_divisible(op, shape.mk, fmt::kNvfp4BlockLen, "NVFP4");
+  check_divisible(op, shape.mk, fmt::kNvfp4BlockLen, "NVFP4", "the matrix data stores");
   check_scales(op, scale_inv, at::kByte, fmt::nvfp4_scale_shape(shape.mk.m, shape.mk.k, columnwise));
   check_same_device(op, "scale_inv", scale_inv, data);
   return shape;

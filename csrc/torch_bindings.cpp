@@ -1,15 +1,9 @@
-// Every pyxfer op's schema, in one place. Implementations register per dispatch key in
-// csrc/cpu/ (CPU) and csrc/cuda/ (CUDA); fakes for torch.compile live in pyxfer/_fake.py.
+// Every pyxfer op's schema, in one place (schemas only). Implementations register per dispatch key
+// from their own files: csrc/cpu/ (CPU), csrc/cuda/ (CUDA), csrc/transfer/ (the device-generic
+// transfer protocol and the ops without tensors), csrc/build_info.cpp; fakes for torch.compile live
+// in pyxfer/_fake.py.
 #include <Python.h>
 #include <torch/library.h>
-
-#include <string>
-
-#include "transfer/transfer.h"
-
-namespace pyxfer {
-std::string build_info_json();  // csrc/build_info.cpp
-}
 
 TORCH_LIBRARY(pyxfer, m) {
   // PXH64 of t's logical row-major bytes, as a 0-dim int64 holding the uint64 bits, on t.device.
@@ -20,7 +14,7 @@ TORCH_LIBRARY(pyxfer, m) {
   // PXH64 of a num_bytes buffer from the 1-D int64 partial sums of its chunks (on their device).
   m.def("checksum_combine(Tensor partials, int num_bytes, int seed=0) -> Tensor");
   // Build facts (torch built against, CUDA on/off, architectures) as a JSON object.
-  m.def("build_info() -> str", &pyxfer::build_info_json);
+  m.def("build_info() -> str");
 
   // Verified transfers (csrc/transfer/). Devices in the registries below are coded -1 = CPU,
   // n = cuda:n, -2 = any.
@@ -32,19 +26,26 @@ TORCH_LIBRARY(pyxfer, m) {
   // Unverified copy through the bounded pool of pinned host buffers, pipelined in chunks.
   m.def("staged_copy(Tensor src, Device device) -> Tensor");
   // Health of the ordered pair (src, dst): 0 unknown, 1 healthy, 2 corrupt.
-  m.def("health_status(int src, int dst) -> int", &pyxfer::health_status_op);
-  m.def("health_mark(int src, int dst, int state) -> ()", &pyxfer::health_mark_op);
-  m.def("health_reset() -> ()", &pyxfer::health_reset_op);
-  // Make the next `times` copies src -> dst on `path` (direct | staged) write wrong bytes of `kind`
-  // (zeros | bitflip | stale | truncate | shift). Returns an id for fault_pop.
-  m.def("fault_push(str kind, int src, int dst, str path, int times, int seed) -> int", &pyxfer::fault_push_op);
+  m.def("health_status(int src, int dst) -> int");
+  m.def("health_mark(int src, int dst, int state) -> ()");
+  m.def("health_reset() -> ()");
+  // Make the next `times` copies src -> dst on `path` (direct | staged) made by the calling thread
+  // (by any thread if process_wide) write wrong bytes of `kind` (zeros | bitflip | stale | truncate |
+  // shift), always different from the source's. Returns an id for fault_pop.
+  m.def("fault_push(str kind, int src, int dst, str path, int times, int seed, bool process_wide=False) -> int");
   // Remove a fault; returns how many of its copies it had not yet corrupted.
-  m.def("fault_pop(int id) -> int", &pyxfer::fault_pop_op);
+  m.def("fault_pop(int id) -> int");
   // Size of the staging pool for later staged copies: slots of chunk_bytes each.
-  m.def("configure_staging(int chunk_bytes, int num_slots) -> ()", &pyxfer::configure_staging_op);
-  // The first mismatch latched by deferred copies since the last call, after waiting for the
-  // devices that ran them: [count, src, dst, num_bytes, src_hash, dst_hash], or [] if none.
-  m.def("take_transfer_errors() -> int[]", &pyxfer::take_transfer_errors_op);
+  m.def("configure_staging(int chunk_bytes, int num_slots) -> ()");
+  // The mismatches latched by the calling thread's deferred copies since its last call, after
+  // waiting for the devices that ran them, as a transfer error record of the first
+  // (csrc/transfer/errors.cpp): [count (all of them), src, dst, num_bytes, src_hash, dst_hash, route
+  // (0 not recorded, 1 direct, 2 staged), attempt, retry_dst_hash], then [src, dst] of every other
+  // pair with a mismatch; [] if none.
+  m.def("take_transfer_errors() -> int[]");
+  // The record of the failure this thread's last sync verified_copy raised (then cleared), in the
+  // same layout: count 1, the first try's hashes and route, attempt 2; [] if none.
+  m.def("take_sync_transfer_error() -> int[]");
 
   // Quantized formats (csrc/include/pyxfer/formats.h; layouts as Transformer Engine's, see
   // shared/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each

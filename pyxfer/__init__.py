@@ -6,21 +6,28 @@ by $PYXFER_INJECT_FAULT is installed, for demos; see pyxfer.testing.)
 import torch  # noqa: F401  (the native module needs torch's libraries loaded first)
 
 from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
-from . import _fake  # noqa: F401  (fakes for torch.compile / FakeTensor)
-from . import buffers, formats, health, testing
+from . import _checks, _fake  # noqa: F401  (errors for unsupported tensor kinds; fakes for torch.compile)
+from . import buffers, checksums, formats, health, testing
+from .audit import audit  # the function; the module stays importable as `from pyxfer.audit import ...`
 from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
 from .formats import QuantizeSpec, QuantizedTensor, quantize
 from .gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
-from .ops import build_info, checksum
+from .guard import device_guard, on_device_of
+from ._build import build_info
+from .checksums import checksum
 from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "all_gather", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum",
+    "__version__", "all_gather", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum", "checksums",
     "configure_staging", "formats", "GatherVerificationError", "health", "pack", "PackedBuffer", "quantize",
     "QuantizedGatherFallbackWarning", "QuantizedTensor", "QuantizeSpec", "restore_subviews", "staged_copy", "SubviewSpec", "testing", "TransferError",
     "verified_copy",
+    "audit", "device_guard", "on_device_of",
 ]
 
 testing._install_from_env()
+from ._verdict_cache import load_from_env as _load_doctor_verdicts  # noqa: E402
+
+_load_doctor_verdicts()  # opt-in: $PYXFER_HEALTH_FROM_DOCTOR (see pyxfer.health)

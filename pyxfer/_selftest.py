@@ -2,7 +2,7 @@
 used by `pyxfer doctor` and by the tests."""
 import torch
 
-from .ops import checksum
+from .checksums import checksum
 
 
 def _pattern(n=4096):

@@ -14,10 +14,14 @@ import dataclasses
 
 import torch
 
+from ._checks import check_bool, check_sequence, check_tensor
 from ._devices import as_device
-from .ops import check_tensor
 
 __all__ = ["SubviewSpec", "PackedBuffer", "CopyHandle", "pack", "capture_subviews", "restore_subviews"]
+
+
+_QUANTIZED_DTYPES = tuple(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+                          if hasattr(torch, n))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -63,6 +67,9 @@ class SubviewSpec:
             raise ValueError(f"SubviewSpec: shape {shape} and stride {stride} must have the same length")
         if not isinstance(self.dtype, torch.dtype):
             raise TypeError(f"SubviewSpec: dtype must be a torch.dtype, got {self.dtype!r}")
+        if self.dtype in _QUANTIZED_DTYPES:  # view(qint8) makes a tensor without a quantizer: unusable
+            raise ValueError(f"SubviewSpec: dtype must be a non-quantized dtype, got {self.dtype}; describe the "
+                             f"integer bytes (e.g. torch.int8) and keep the scale and zero point alongside")
         object.__setattr__(self, "shape", shape)  # frozen: normalise lists to tuples once, here
         object.__setattr__(self, "stride", stride)
 
@@ -139,6 +146,7 @@ def restore_subviews(buffer: torch.Tensor, specs) -> list:
     """
     fn = "pyxfer.buffers.restore_subviews"
     _check_buffer(fn, buffer)
+    specs = check_sequence(fn, "specs", specs, "SubviewSpec")
     views = []
     for i, spec in enumerate(specs):
         if not isinstance(spec, SubviewSpec):
@@ -164,6 +172,7 @@ def capture_subviews(buffer: torch.Tensor, views) -> list:
     """
     fn = "pyxfer.buffers.capture_subviews"
     _check_buffer(fn, buffer)
+    views = check_sequence(fn, "views", views, "tensors")
     specs = []
     for i, v in enumerate(views):
         where = f"views[{i}]"
@@ -253,15 +262,18 @@ def pack(tensors, *, alignment: int = 256, device=None) -> "PackedBuffer":
     stream, capturable in a CUDA graph), then the buffer moves with a verified copy
     (:meth:`PackedBuffer.to`) if ``device`` differs.
     Returns a :class:`PackedBuffer`; no autograd history is recorded. Mutates nothing.
-    Raises TypeError for a non-tensor, ValueError for sparse/nested/meta tensors, tensors on
-    different devices or a bad alignment; ``pyxfer.TransferError`` if the move cannot be verified.
+    Raises TypeError for ``tensors`` that is a single tensor or no iterable, or holds a
+    non-tensor; ValueError for sparse/nested/quantized/meta tensors, tensors on different devices,
+    a bad alignment or an unknown device (before any copy); ``pyxfer.TransferError`` if the move
+    cannot be verified.
     """
     fn = "pyxfer.buffers.pack"
     _check_alignment(fn, alignment)
-    tensors = list(tensors)
+    tensors = check_sequence(fn, "tensors", tensors, "tensors")
     for i, t in enumerate(tensors):
         check_tensor(fn, f"tensors[{i}]", t)
     src_device = _common_device(fn, tensors)
+    device = None if device is None else as_device(fn, "device", device)  # checked before any work
     tensors = [t.resolve_conj().resolve_neg() for t in tensors]  # no-ops unless lazily conjugated/negated
 
     specs = [SubviewSpec(0, tuple(t.shape), t.stride(), t.dtype) for t in tensors]  # offsets come later
@@ -279,7 +291,7 @@ def pack(tensors, *, alignment: int = 256, device=None) -> "PackedBuffer":
             byte_offset = span.offset + t.storage_offset() * t.element_size() - span.lo
             specs[i] = dataclasses.replace(spec, byte_offset=byte_offset)
     packed = PackedBuffer(data, specs)
-    if device is None or as_device("pyxfer.buffers.pack", "device", device) == src_device:
+    if device is None or device == src_device:
         return packed
     return packed.to(device)
 
@@ -293,8 +305,14 @@ def _default_copy_stream(device: torch.device):
     return _copy_streams[device.index]
 
 
-def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream):
+def _check_stream(fn: str, stream) -> None:
+    if stream is not None and not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"{fn}: stream must be None or a torch.cuda.Stream, got {type(stream).__name__}")
+
+
+def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream, after=()):
     """``dst.copy_(src)``: on a copy stream with events when either side is on CUDA, else synchronously.
+    The copy also waits for the events in ``after`` (earlier copies that read or write ``dst``).
 
     Returns the event recorded on the copy stream after the copy (None for a synchronous copy).
     """
@@ -312,6 +330,8 @@ def _start_copy(fn: str, src: torch.Tensor, dst: torch.Tensor, stream):
     done = torch.cuda.Event()
     with torch.cuda.stream(copy_stream):
         copy_stream.wait_event(ready)
+        for event in after:
+            copy_stream.wait_event(event)
         dst.copy_(src, non_blocking=True)
         done.record(copy_stream)
     # NOTE: memory allocated on another stream is not recycled before the copy stream is past the copy.
@@ -356,13 +376,18 @@ class PackedBuffer:
         of SubviewSpec inside it. Raises TypeError/ValueError as :func:`restore_subviews` does."""
         fn = "pyxfer.buffers.PackedBuffer"
         _check_buffer(fn, data)
-        self._specs = tuple(specs)
+        self._specs = tuple(check_sequence(fn, "specs", specs, "SubviewSpec"))
         for i, spec in enumerate(self._specs):
             if not isinstance(spec, SubviewSpec):
                 raise TypeError(f"{fn}: specs[{i}] must be a SubviewSpec, got {type(spec).__name__}")
             _check_spec(fn, f"specs[{i}]", spec, data)
         self._data = data
-        self._host = None  # the pinned (or, without CUDA, plain) host buffer reused by offload()
+        self._host = None  # the host PackedBuffer (pinned; plain without CUDA) that offload() reuses
+        # NOTE: events of the copies that use this buffer's data as the host buffer of an offload: the
+        # offload that wrote it and every reload since. The next offload into it waits for all of
+        # them (a reload on another stream or device may still be reading it). Shared with the host
+        # PackedBuffer that offload() returns; a fresh list for every other buffer.
+        self._host_users = []
 
     @property
     def data(self) -> torch.Tensor:
@@ -398,6 +423,9 @@ class PackedBuffer:
         """
         from .transfer import verified_copy  # lazily: transfer imports more than buffers needs
 
+        fn = "pyxfer.buffers.PackedBuffer.to"
+        check_bool(fn, "verify", verify)
+        check_bool(fn, "non_blocking", non_blocking)
         mode = ("deferred" if non_blocking else "sync") if verify else "none"
         return PackedBuffer(verified_copy(self._data, device, verify=mode), self._specs)
 
@@ -409,12 +437,17 @@ class PackedBuffer:
         stream's queued work; the handle's event follows it; ``handle.result()`` waits on the host
         and returns a host PackedBuffer that views the reused host buffer. Without CUDA the copy is
         synchronous. Mutates the host buffer: the host PackedBuffer of an earlier offload of this
-        buffer is overwritten (reload it first). Raises ValueError if ``stream`` is on another device.
+        buffer is overwritten (reload it first). Raises TypeError if ``stream`` is not None or a
+        torch.cuda.Stream, ValueError if it is on another device.
         """
+        _check_stream("pyxfer.buffers.PackedBuffer.offload", stream)
         if self._host is None:
-            self._host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._data.is_cuda)
-        event = _start_copy("pyxfer.buffers.PackedBuffer.offload", self._data, self._host, stream)
-        return CopyHandle(PackedBuffer(self._host, self._specs), event, self._data.device, self._data)
+            self._host = PackedBuffer(
+                torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._data.is_cuda), self._specs)
+        users = self._host._host_users
+        event = _start_copy("pyxfer.buffers.PackedBuffer.offload", self._data, self._host.data, stream, users)
+        users[:] = [] if event is None else [event]  # later users are ordered after this write
+        return CopyHandle(self._host, event, self._data.device, self._data)
 
     def reload(self, device, stream=None) -> CopyHandle:
         """Start copying this host PackedBuffer into a new buffer on ``device``.
@@ -424,13 +457,18 @@ class PackedBuffer:
         stream) after that stream's queued work, and ``handle.result()`` makes the current stream of
         ``device`` wait on the handle's event (``handle.wait(stream)`` for another stream). Works on
         any current device. Without CUDA (``device="cpu"``) the copy is synchronous. Mutates nothing.
-        Raises ValueError if ``data`` is not on the CPU (use :meth:`to` between devices) or
-        ``stream`` is on another device than ``device``.
+        Raises ValueError if ``data`` is not on the CPU (use :meth:`to` between devices), for a
+        device that does not exist, or if ``stream`` is on another device than ``device``;
+        TypeError if ``device`` is not a device (None included) or ``stream`` not a torch.cuda.Stream.
         """
         fn = "pyxfer.buffers.PackedBuffer.reload"
+        device = as_device(fn, "device", device)
+        _check_stream(fn, stream)
         if self._data.device.type != "cpu":
             raise ValueError(f"{fn}: expected a host PackedBuffer (data on cpu), got data on {self._data.device}; "
                              f"use .to(device) to move between devices (verified)")
         dst = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         event = _start_copy(fn, self._data, dst, stream)
+        if event is not None:  # the next offload into this host buffer waits for this read
+            self._host_users[:] = [e for e in self._host_users if not e.query()] + [event]
         return CopyHandle(PackedBuffer(dst, self._specs), event, dst.device, self._data)

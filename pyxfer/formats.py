@@ -18,11 +18,13 @@ written by pyxfer is zero (TE leaves it unspecified: compare only the logical re
 All work runs on the device of the data (CPU or CUDA, bit-identical).
 """
 import copy
+import functools
 import math
 
 import torch
 
 from . import _C  # noqa: F401  (registers torch.ops.pyxfer.*)
+from ._checks import check_bool, check_int, check_real, check_sequence, check_tensor
 
 __all__ = [
     "FORMATS", "Float8BlockTensor", "MXFP8Tensor", "NVFP4Tensor", "QuantizeSpec", "QuantizedTensor",
@@ -50,6 +52,25 @@ def _check_format(op, fmt):
         raise ValueError(f"{op}: fmt must be one of {FORMATS}, got {fmt!r}")
 
 
+def _check_shape(op, name, shape) -> tuple:
+    """``shape`` (a torch.Size or another sequence of ints >= 0) as a tuple of Python ints."""
+    dims = check_sequence(op, name, shape, "ints")
+    return tuple(check_int(op, f"{name}[{i}]", d, minimum=0) for i, d in enumerate(dims))
+
+
+def _check_storable(op, name, fmt, shape):
+    """Raise ValueError unless ``fmt`` can store a tensor of ``shape`` (a tuple of ints): at least one
+    dimension; MXFP8 / NVFP4 also need M and K multiples of their block (FP8 block takes any shape)."""
+    if not shape:
+        raise ValueError(f"{op}: {name} must have at least 1 dimension, got {shape}")
+    if fmt in ("mxfp8", "nvfp4"):
+        m, k = _matrix(shape)
+        block = BLOCK_LEN[fmt]
+        if m % block or k % block:
+            raise ValueError(f"{op}: {fmt} needs the flattened leading dims (M={m}) and the last dim (K={k}) of "
+                             f"{name} to be multiples of {block}, got shape {shape}")
+
+
 def _matrix(shape):
     """(M, K) of a logical shape: M = product of the leading dims, K = the last dim."""
     return math.prod(shape[:-1]), shape[-1]
@@ -67,8 +88,9 @@ def is_quantizable(shape, fmt) -> bool:
     """Whether a tensor of ``shape`` can be stored in ``fmt`` with whole blocks only (TE's
     ``is_quantizable``: ndim >= 2 and M, K multiples of the block length: 128 for FP8 block, 32 for
     MXFP8, 16 for NVFP4). FP8 block quantize itself accepts any shape (partial edge blocks)."""
-    _check_format("pyxfer.formats.is_quantizable", fmt)
-    shape = tuple(shape)
+    op = "pyxfer.formats.is_quantizable"
+    _check_format(op, fmt)
+    shape = _check_shape(op, "shape", shape)
     if len(shape) < 2:
         return False
     m, k = _matrix(shape)
@@ -77,9 +99,16 @@ def is_quantizable(shape, fmt) -> bool:
 
 def buffer_layout(fmt, shape, *, rowwise=True, columnwise=False):
     """Shapes and dtypes of the buffers a ``fmt`` tensor of logical ``shape`` holds:
-    ``{name: (shape tuple, dtype)}`` for the requested usages (scales in the compact layout)."""
-    _check_format("pyxfer.formats.buffer_layout", fmt)
-    shape = tuple(int(d) for d in shape)
+    ``{name: (shape tuple, dtype)}`` for the requested usages (scales in the compact layout).
+    Raises ValueError for an unknown fmt or a shape the format cannot store (no dimensions; MXFP8 /
+    NVFP4: M or K not a multiple of the block), TypeError for a shape that is not a sequence of
+    ints or usages that are not bools."""
+    op = "pyxfer.formats.buffer_layout"
+    _check_format(op, fmt)
+    shape = _check_shape(op, "shape", shape)
+    _check_storable(op, "shape", fmt, shape)
+    check_bool(op, "rowwise", rowwise)
+    check_bool(op, "columnwise", columnwise)
     m, k = _matrix(shape)
     u8, f32 = torch.uint8, torch.float32
     out = {}
@@ -114,9 +143,10 @@ def buffer_layout(fmt, shape, *, rowwise=True, columnwise=False):
 # ---- GEMM-swizzled scales (spec §5): 128x4 tiles of 512 bytes, row-major over tiles; inside a tile,
 # entry (r, c) sits at (r % 32) * 16 + (r // 32) * 4 + c.
 def _swizzle_view(op, scale, transpose):
-    if not isinstance(scale, torch.Tensor) or scale.dim() != 2:
-        raise ValueError(f"{op}: scale must be a 2-D tensor, got {type(scale).__name__} "
-                         f"{getattr(scale, 'shape', '')}")
+    check_tensor(op, "scale", scale)
+    check_bool(op, "transpose", transpose)
+    if scale.dim() != 2:
+        raise ValueError(f"{op}: scale must be a 2-D tensor, got shape {tuple(scale.shape)}")
     s = scale.t() if transpose else scale
     rows, cols = s.shape
     if rows % 128 or cols % 4:
@@ -155,30 +185,50 @@ def _check_options(op, fmt, fp8_dtype, options, *, allow_tensor_amax=True):
         if fp8_dtype is not torch.float8_e4m3fn:
             raise ValueError(f"{op}: nvfp4 stores E2M1 data with E4M3 scales; fp8_dtype must be "
                              f"torch.float8_e4m3fn, got {fp8_dtype}")
-        amax = merged["global_amax"]
-        ok = amax is None or (isinstance(amax, (int, float)) and not isinstance(amax, bool) and amax >= 0)
-        if not ok and allow_tensor_amax and isinstance(amax, torch.Tensor):
-            ok = amax.numel() == 1 and amax.is_floating_point()
-        if not ok:
-            raise ValueError(f"{op}: global_amax must be None, a float >= 0"
-                             f"{' or a 1-element float tensor' if allow_tensor_amax else ''}, got {amax!r}")
+        merged["global_amax"] = _check_global_amax(op, merged["global_amax"], allow_tensor_amax)
     elif fp8_dtype not in FP8_DTYPES:
         raise ValueError(f"{op}: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype}")
     for name in ("pow2_scales", "gemm_swizzled_scales"):
-        if name in merged and not isinstance(merged[name], bool):
-            raise TypeError(f"{op}: {name} must be a bool, got {merged[name]!r}")
+        if name in merged:
+            check_bool(op, name, merged[name])
     if "amax_epsilon" in merged:
-        eps = merged["amax_epsilon"]
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"{op}: amax_epsilon must be a float >= 0, got {eps!r}")
-        merged["amax_epsilon"] = float(eps)
+        eps = check_real(op, "amax_epsilon", merged["amax_epsilon"])
+        if not (math.isfinite(eps) and eps >= 0):  # inf would make every scale 1, NaN every one NaN
+            raise ValueError(f"{op}: amax_epsilon must be a finite float >= 0, got {eps!r}")
+        merged["amax_epsilon"] = eps
     merged["fp8_dtype"] = fp8_dtype
     return merged
 
 
-def _check_bool(op, name, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_amax_value(op, value: float, allow_tensor: bool, got: str) -> None:
+    """The one rule for NVFP4's global amax, whatever form it came in: a finite fp32 value >= 0
+    (NaN, inf or a negative amax would make every decoded value NaN or inf, or flip its sign)."""
+    if not (math.isfinite(value) and 0 <= value <= _FP32_MAX):
+        tensor = " or a 1-element floating-point tensor holding one" if allow_tensor else ""
+        raise ValueError(f"{op}: global_amax must be None or a finite float32 value >= 0{tensor}, got {got}")
+
+
+def _check_global_amax(op, amax, allow_tensor: bool):
+    """``amax`` checked: None; a real number (Python or numpy, any width) as a Python float; a
+    tensor (only if ``allow_tensor``) checked for shape and dtype here, for its value by
+    :func:`_global_amax` (which knows x's device, so a wrong device is reported before any sync)."""
+    if amax is None:
+        return None
+    if isinstance(amax, torch.Tensor):
+        if not allow_tensor:
+            raise TypeError(f"{op}: global_amax must be None or a float here (a QuantizeSpec holds no tensors), "
+                            f"got a tensor; pass the tensor to quantize() or spec.quantize(x, global_amax=...)")
+        check_tensor(op, "global_amax", amax)
+        if amax.numel() != 1 or not amax.is_floating_point():
+            raise ValueError(f"{op}: global_amax must be a 1-element floating-point tensor, got shape "
+                             f"{tuple(amax.shape)} and dtype {amax.dtype}")
+        return amax
+    value = check_real(op, "global_amax", amax)
+    _check_amax_value(op, value, allow_tensor, repr(amax))
+    return value
 
 
 # ---- tensors
@@ -191,10 +241,18 @@ class QuantizedTensor:
     fmt = None
 
     def __init__(self, *, shape, dtype, buffers, op):
+        shape = _check_shape(op, "shape", shape)
+        _check_storable(op, "shape", self.fmt, shape)
         if dtype not in INPUT_DTYPES:
             raise ValueError(f"{op}: dtype (the nominal dtype) must be one of {INPUT_DTYPES}, got {dtype}")
         self.shape = torch.Size(shape)
         self.dtype = dtype
+        if not self.shape:
+            raise ValueError(f"{op}: shape must have at least 1 dimension, got ()")
+        if self.fmt in ("mxfp8", "nvfp4") and not is_quantizable(self.shape, self.fmt):
+            m, k = _matrix(self.shape)
+            raise ValueError(f"{op}: shape {tuple(self.shape)} cannot be stored in {self.fmt}: M={m} and K={k} must "
+                             f"be multiples of {BLOCK_LEN[self.fmt]}")
         rowwise = buffers.get("rowwise_data") is not None
         columnwise = buffers.get("columnwise_data") is not None
         if not (rowwise or columnwise):
@@ -203,23 +261,23 @@ class QuantizedTensor:
         missing = [name for name in expected if buffers.get(name) is None]
         if missing:
             raise ValueError(f"{op}: missing {', '.join(missing)} for the usages given")
-        devices = set()
+        device = first = None
         for name, value in buffers.items():
             if name not in expected:
                 if value is not None:
                     raise ValueError(f"{op}: {name} given without its data buffer")
                 continue
             want_shape, want_dtype = expected[name]
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"{op}: {name} must be a tensor of shape {want_shape} and dtype {want_dtype}, "
-                                 f"got {type(value).__name__}")
+            check_tensor(op, name, value)
             if tuple(value.shape) != want_shape or value.dtype != want_dtype:
                 raise ValueError(f"{op}: {name} must have shape {want_shape} and dtype {want_dtype} for logical "
                                  f"shape {tuple(self.shape)}, got {tuple(value.shape)} {value.dtype}")
-            devices.add(value.device)
-        if len(devices) != 1:
-            raise ValueError(f"{op}: all buffers must be on one device, got {sorted(map(str, devices))}")
-        self.device = devices.pop()
+            if device is None:
+                device, first = value.device, name
+            elif value.device != device:
+                raise ValueError(f"{op}: {name} is on {value.device}, expected the device of {first} ({device}): "
+                                 f"all buffers must be on one device")
+        self.device = device
         for name in BUFFER_NAMES:
             setattr(self, name, buffers.get(name))
 
@@ -289,7 +347,7 @@ class Float8BlockTensor(QuantizedTensor):
                  columnwise_scale_inv=None, fp8_dtype=torch.float8_e4m3fn, block_dim=1, pow2_scales=True,
                  amax_epsilon=0.0):
         op = "pyxfer.formats.Float8BlockTensor"
-        if block_dim not in (1, 2):
+        if check_int(op, "block_dim", block_dim) not in (1, 2):
             raise ValueError(f"{op}: block_dim must be 1 (1x128) or 2 (128x128), got {block_dim!r}")
         self.block_dim = block_dim
         fmt = "fp8_block_1x128" if block_dim == 1 else "fp8_block_128x128"
@@ -402,49 +460,58 @@ def global_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as a 1-element float32 tensor on x's device: NVFP4's global amax when quantize is not
     given one (NaN if x holds a NaN, 0 for an empty x). One pass over x, |x| taken inside the
     reduction (``x.abs().amax()`` writes |x| out and reads it back: three passes)."""
+    check_tensor("pyxfer.formats.global_amax", "x", x)
     if x.numel() == 0:
         return torch.zeros(1, dtype=torch.float32, device=x.device)
     return torch.linalg.vector_norm(x.detach(), ord=math.inf, dtype=torch.float32).reshape(1)
 
 
-def _global_amax(op, x, amax):
+def _global_amax(op, x, amax, check_tensor_value):
     if amax is None:
         return global_amax(x)
     if isinstance(amax, torch.Tensor):
         if amax.device != x.device:
             raise ValueError(f"{op}: global_amax must be on x's device ({x.device}), got {amax.device}")
-        return amax.detach().float().reshape(1)
-    return torch.tensor([float(amax)], dtype=torch.float32, device=x.device)
+        amax = amax.detach().float().reshape(1)
+        if check_tensor_value:
+            # NOTE: read on the host: one sync for a CUDA tensor (a host float avoids it).
+            value = float(amax[0])
+            _check_amax_value(op, value, True, f"a tensor holding {value!r}")
+        return amax
+    return torch.tensor([amax], dtype=torch.float32, device=x.device)
 
 
 def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: bool = False,
              fp8_dtype=torch.float8_e4m3fn, **options) -> QuantizedTensor:
     """Quantize ``x`` (float32 / bfloat16 / float16, any strides, on CPU or CUDA) into ``fmt`` with
     the requested usages, on x's device; x is not modified. Options: FP8 block ``pow2_scales=True``,
-    ``amax_epsilon=0.0``; MXFP8 ``gemm_swizzled_scales=False``; NVFP4 ``global_amax=None`` (None: the
-    amax of x; or a float / 1-element tensor, e.g. all-reduced over a group) and
-    ``gemm_swizzled_scales=False``. The nominal dtype of the result is x.dtype.
+    ``amax_epsilon=0.0`` (a finite float >= 0); MXFP8 ``gemm_swizzled_scales=False``; NVFP4
+    ``global_amax=None`` (None: the amax of x; or a finite value >= 0 in float32 range, given as a
+    Python or numpy number or as a 1-element floating-point tensor on x's device, e.g. all-reduced
+    over a group: a CUDA tensor's value is checked with one host sync, which a host float avoids)
+    and ``gemm_swizzled_scales=False``. The nominal dtype of the result is x.dtype.
     Raises ValueError / TypeError naming the argument: unknown fmt or option, wrong dtypes, shapes
-    that the format cannot store (MXFP8: M, K multiples of 32; NVFP4: multiples of 16)."""
+    that the format cannot store (MXFP8: M, K multiples of 32; NVFP4: multiples of 16), a sparse,
+    nested, quantized or meta x, a NaN / infinite / negative global_amax or amax_epsilon."""
+    return _quantize(x, fmt, rowwise=rowwise, columnwise=columnwise, fp8_dtype=fp8_dtype, check_amax_tensor=True,
+                     **options)
+
+
+def _quantize(x, fmt, *, rowwise, columnwise, fp8_dtype=torch.float8_e4m3fn, check_amax_tensor, **options):
+    """:func:`quantize`; ``check_amax_tensor=False`` takes a tensor global_amax as it is, for an amax
+    pyxfer derived from data itself (the gather's group maximum of the shards' amaxes): NaN for data
+    holding NaN, like the amax quantize computes from x, and kept on the device (no host sync)."""
     op = "pyxfer.formats.quantize"
     _check_format(op, fmt)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor(op, "x", x)
     if x.dtype not in INPUT_DTYPES:
         raise ValueError(f"{op}: x must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.dim() < 1:
-        raise ValueError(f"{op}: x must have at least 1 dimension, got a 0-dim tensor")
-    _check_bool(op, "rowwise", rowwise)
-    _check_bool(op, "columnwise", columnwise)
+    check_bool(op, "rowwise", rowwise)
+    check_bool(op, "columnwise", columnwise)
     if not (rowwise or columnwise):
         raise ValueError(f"{op}: at least one of rowwise and columnwise must be True")
     opts = _check_options(op, fmt, fp8_dtype, options)
-    if fmt in ("mxfp8", "nvfp4"):
-        m, k = _matrix(tuple(x.shape))
-        block = BLOCK_LEN[fmt]
-        if m % block or k % block:
-            raise ValueError(f"{op}: {fmt} needs the flattened leading dims (M={m}) and the last dim (K={k}) of x "
-                             f"to be multiples of {block}, got shape {tuple(x.shape)}")
+    _check_storable(op, "x", fmt, tuple(x.shape))
     x = x.detach()
     if fmt.startswith("fp8_block"):
         block_dim = 1 if fmt == "fp8_block_1x128" else 2
@@ -456,7 +523,7 @@ def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: boo
         bufs = torch.ops.pyxfer.quantize_mxfp8(x, rowwise, columnwise, fp8_dtype)
         cls, extra = MXFP8Tensor, dict(fp8_dtype=fp8_dtype)
     else:
-        amax = _global_amax(op, x, opts["global_amax"])
+        amax = _global_amax(op, x, opts["global_amax"], check_amax_tensor)
         bufs = torch.ops.pyxfer.quantize_nvfp4(x, amax, rowwise, columnwise)
         cls, extra = NVFP4Tensor, dict(amax_rowwise=amax if rowwise else None,
                                        amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
@@ -469,16 +536,17 @@ def quantize(x: torch.Tensor, fmt: str, *, rowwise: bool = True, columnwise: boo
 
 class QuantizeSpec:
     """What to quantize into: format, usages, FP8 dtype and format options (as ``quantize`` takes
-    them; NVFP4 global_amax may only be None or a float here). Immutable and hashable.
-    ``spec.quantize(x)`` quantizes; ``spec.is_quantizable(shape)`` applies TE's rule."""
+    them; NVFP4 global_amax may only be None or a float here: numpy scalars are kept as floats).
+    Immutable and hashable; pickle, copy and deepcopy give an equal spec (a worker process can be
+    handed one). ``spec.quantize(x)`` quantizes; ``spec.is_quantizable(shape)`` applies TE's rule."""
 
     __slots__ = ("fmt", "rowwise", "columnwise", "fp8_dtype", "_options")
 
     def __init__(self, fmt, *, rowwise=True, columnwise=False, fp8_dtype=torch.float8_e4m3fn, **options):
         op = "pyxfer.formats.QuantizeSpec"
         _check_format(op, fmt)
-        _check_bool(op, "rowwise", rowwise)
-        _check_bool(op, "columnwise", columnwise)
+        check_bool(op, "rowwise", rowwise)
+        check_bool(op, "columnwise", columnwise)
         if not (rowwise or columnwise):
             raise ValueError(f"{op}: at least one of rowwise and columnwise must be True")
         merged = _check_options(op, fmt, fp8_dtype, options, allow_tensor_amax=False)
@@ -488,7 +556,19 @@ class QuantizeSpec:
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
-        raise AttributeError("QuantizeSpec is immutable")
+        raise AttributeError(f"QuantizeSpec is immutable: cannot set {name!r}")
+
+    def __reduce__(self):
+        # NOTE: through the constructor (checked again), not pickle's default of setting the slots,
+        # which __setattr__ refuses.
+        return functools.partial(QuantizeSpec, self.fmt, rowwise=self.rowwise, columnwise=self.columnwise,
+                                 fp8_dtype=self.fp8_dtype, **self.options), ()
+
+    def __copy__(self):
+        return self  # immutable: a copy may be the same object, as for tuples
+
+    def __deepcopy__(self, memo):
+        return self
 
     @property
     def options(self) -> dict:

@@ -2,12 +2,20 @@
 
 A pair is "unknown" until a verified direct copy between its devices succeeds ("healthy") or one is
 caught writing wrong bytes ("corrupt"). route="auto" sends copies of a corrupt pair staged.
+
+Health is per process, shared by every thread: a pair is a physical link, so a corrupt verdict found
+by one thread's copy routes every thread's copies of that pair (unlike injected faults, which hit the
+arming thread's copies, and deferred mismatches, which are reported to the copying thread).
+
+load_doctor_verdicts() (or $PYXFER_HEALTH_FROM_DOCTOR=1 at import) marks the pairs `pyxfer doctor`
+found bad as corrupt, so they route staged from a process's first copy (see pyxfer._verdict_cache).
 """
 import torch
 
 from ._devices import device_code
+from ._verdict_cache import load_doctor_verdicts
 
-__all__ = ["STATES", "status", "mark", "reset"]
+__all__ = ["STATES", "status", "mark", "reset", "load_doctor_verdicts"]
 
 STATES = ("unknown", "healthy", "corrupt")
 

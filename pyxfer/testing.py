@@ -10,16 +10,31 @@ the bytes received from rank ``src`` on rank ``dst``, after the collective and b
 (in Python, with tensor ops on the receive buffer's device). "stale" there leaves the pattern 0xA5
 (receive buffers are fresh allocations, so "what it held" is arbitrary bytes).
 
-The environment variable PYXFER_INJECT_FAULT installs one fault when pyxfer is imported, e.g.
-``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times; path defaults to
-direct, src/dst to any device, times to 1; ``path=gather,src=1`` names ranks).
+A fault always writes wrong bytes: where the bytes of its kind happen to equal the source's (an
+all-zero source under "zeros"; a recycled destination that already held the source's bytes under
+"stale", "truncate" or "shift"; periodic data under "shift"), one bit of the destination is flipped
+as well, so a test that counts on the fault cannot pass vacuously.
+
+Threads: a fault hits only the copies (and gathers) made by the thread that armed it, while its
+``with`` block is open; ``process_wide=True`` makes it hit every thread's copies (demos, or copies a
+library makes on its own threads, e.g. autograd's device threads during backward). Health is per
+process: a pair is a physical link, so a corrupt verdict found by one thread routes every thread's
+copies of that pair (pyxfer.health). Deferred mismatches are reported by check_transfers() in the
+thread that made the copy (for a copy captured in a CUDA graph: the thread that captured it).
+
+The environment variable PYXFER_INJECT_FAULT installs one process-wide fault when pyxfer is
+imported, e.g. ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times;
+path defaults to direct, src/dst to any device, times to 1; ``path=gather,src=1`` names ranks).
 """
 import contextlib
 import os
 import random
+import threading
+import warnings
 
 import torch
 
+from ._checks import check_seed
 from ._devices import device_code
 
 __all__ = ["FAULT_KINDS", "inject_fault", "InjectedFault"]
@@ -46,8 +61,10 @@ class InjectedFault:
         return self.unused
 
 
-def _push(kind, src, dst, path, times, seed, buffer=None) -> InjectedFault:
+def _push(kind, src, dst, path, times, seed, buffer=None, process_wide=False) -> InjectedFault:
     op = "pyxfer.testing.inject_fault"
+    if not isinstance(process_wide, bool):
+        raise ValueError(f"{op}: process_wide must be True or False, got {process_wide!r}")
     if kind not in FAULT_KINDS:
         raise ValueError(f"{op}: kind must be one of {FAULT_KINDS}, got {kind!r}")
     if path not in PATHS:
@@ -56,19 +73,22 @@ def _push(kind, src, dst, path, times, seed, buffer=None) -> InjectedFault:
         raise ValueError(f"{op}: times must be an int >= 1, got {times!r}")
     if buffer is not None and path != "gather":
         raise ValueError(f"{op}: buffer is only for path='gather', got path={path!r}")
-    seed = random.getrandbits(62) if seed is None else int(seed)
+    seed = random.getrandbits(62) if seed is None else check_seed(op, seed)
     if path == "gather":
-        return _push_gather(op, kind, src, dst, times, seed, buffer)
+        return _push_gather(op, kind, src, dst, times, seed, buffer, process_wide)
     fault_id = torch.ops.pyxfer.fault_push(kind, device_code(op, "src", src), device_code(op, "dst", dst),
-                                           path, times, seed)
+                                           path, times, seed, process_wide)
     return InjectedFault(fault_id, kind, times)
 
 
 @contextlib.contextmanager
-def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: int = 1, seed=None, buffer=None):
+def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: int = 1, seed=None, buffer=None,
+                 process_wide: bool = False):
     """Within the block, the next ``times`` copies from ``src`` to ``dst`` (None: any device) along
-    ``path`` ("direct" or "staged") write wrong bytes of ``kind`` (see FAULT_KINDS) into the
-    destination. Zero-byte copies are not hit. Yields an InjectedFault; removed on exit.
+    ``path`` ("direct" or "staged") made by this thread write wrong bytes of ``kind`` (see
+    FAULT_KINDS) into the destination; with ``process_wide=True``, copies made by any thread.
+    Zero-byte copies are not hit. A copy captured in a CUDA graph while the fault is armed carries
+    it into every replay. Yields an InjectedFault; removed on exit.
 
     ``path="gather"``: the next ``times`` pyxfer.all_gather calls on rank ``dst`` (None: any rank)
     get wrong bytes of ``kind`` in the shard received from rank ``src`` (an int group rank; None:
@@ -77,32 +97,64 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
     "columnwise_scale_inv", ...; None: the first non-empty one). A rank's own shard is a local
     copy, never hit; calls with no matching non-empty buffer are not counted.
 
-    Raises ValueError for an unknown kind, path or device, a negative rank, or times < 1."""
-    fault = _push(kind, src, dst, path, times, seed, buffer)
+    Raises ValueError for an unknown kind, path or device, a negative rank, times < 1, or a
+    process_wide that is not a bool; TypeError / ValueError for a seed that is not an int in
+    [0, 2**64)."""
+    fault = _push(kind, src, dst, path, times, seed, buffer, process_wide)
     try:
         yield fault
     finally:
         fault.remove()
 
 
-def _install_from_env():
-    spec = os.environ.get("PYXFER_INJECT_FAULT")
-    if not spec:
-        return None
-    kind, *items = [p.strip() for p in spec.split(",") if p.strip()]
-    opts = {}
+ENV_FORM = "kind[,path=P][,src=D][,dst=D][,times=N]"  # the form PYXFER_INJECT_FAULT takes
+
+
+def parse_env_fault(spec: str) -> dict:
+    """The fault a PYXFER_INJECT_FAULT value names, as inject_fault's arguments {kind, path, src, dst,
+    times}. Raises ValueError naming the variable, the expected form and the value."""
+    def bad(why):
+        return ValueError(f"PYXFER_INJECT_FAULT: {why}; expected {ENV_FORM} with kind one of {FAULT_KINDS} "
+                          f"(e.g. 'bitflip,dst=cuda:1,times=3'), got {spec!r}")
+
+    kind, *items = [p.strip() for p in spec.split(",")]
+    items = [i for i in items if i]  # a trailing comma is harmless
+    if kind not in FAULT_KINDS:
+        raise bad(f"unknown fault kind {kind!r}")
+    fault = {"kind": kind, "path": "direct", "src": None, "dst": None, "times": 1}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("path", "src", "dst", "times"):
-            raise ValueError(f"PYXFER_INJECT_FAULT: expected kind[,path=..][,src=..][,dst=..][,times=N], got {spec!r}")
-        opts[key] = int(value) if key == "times" or (key in ("src", "dst") and value.isdigit()) else value
-    return _push(kind, opts.get("src"), opts.get("dst"), opts.get("path", "direct"), opts.get("times", 1), None)
+            raise bad(f"{item!r} is not one of path=, src=, dst=, times=")
+        if key == "times" or (key in ("src", "dst") and value.isdigit()):
+            if not value.isdigit() or (key == "times" and int(value) < 1):
+                raise bad(f"times must be an integer >= 1, got {value!r}")
+            value = int(value)
+        fault[key] = value
+    return fault
+
+
+def _install_from_env():
+    """Install the fault named by $PYXFER_INJECT_FAULT. A malformed value never breaks ``import
+    pyxfer``: it warns (RuntimeWarning, naming the variable and the expected form) and installs nothing."""
+    spec = os.environ.get("PYXFER_INJECT_FAULT")
+    if not spec:
+        return None
+    try:
+        f = parse_env_fault(spec)
+        return _push(f["kind"], f["src"], f["dst"], f["path"], f["times"], None,
+                     process_wide=True)  # set before any thread of the program exists: every thread's copies
+    except (ValueError, TypeError) as e:
+        msg = str(e) if str(e).startswith("PYXFER_INJECT_FAULT") else f"PYXFER_INJECT_FAULT={spec!r}: {e}"
+        warnings.warn(f"{msg}; no fault installed", RuntimeWarning, stacklevel=2)
+        return None
 
 
 # Gather-path faults live here, not in the native registry: pyxfer.all_gather corrupts its receive
 # buffers in Python (_corrupt_gathered), after the collective and before verification.
-_gather_faults = {}  # id -> dict(kind, src, dst, left, rng, buffer)
+_gather_faults = {}  # id -> dict(kind, src, dst, left, rng, buffer, thread: the arming thread's ident or None)
 _next_gather_id = [1 << 40]
+_gather_lock = threading.Lock()
 
 
 def _rank_arg(op, name, value):
@@ -113,12 +165,20 @@ def _rank_arg(op, name, value):
     return value
 
 
-def _push_gather(op, kind, src, dst, times, seed, buffer) -> InjectedFault:
+def _push_gather(op, kind, src, dst, times, seed, buffer, process_wide) -> InjectedFault:
     src, dst = _rank_arg(op, "src", src), _rank_arg(op, "dst", dst)
-    fault_id = _next_gather_id[0]
-    _next_gather_id[0] += 1
-    _gather_faults[fault_id] = dict(kind=kind, src=src, dst=dst, left=times, rng=random.Random(seed), buffer=buffer)
-    return InjectedFault(fault_id, kind, times, pop=lambda i: _gather_faults.pop(i)["left"])
+    thread = None if process_wide else threading.get_ident()
+    with _gather_lock:
+        fault_id = _next_gather_id[0]
+        _next_gather_id[0] += 1
+        _gather_faults[fault_id] = dict(kind=kind, src=src, dst=dst, left=times, rng=random.Random(seed),
+                                        buffer=buffer, thread=thread)
+
+    def pop(i):
+        with _gather_lock:
+            return _gather_faults.pop(i)["left"]
+
+    return InjectedFault(fault_id, kind, times, pop=pop)
 
 
 def _corrupt_gathered(rank, world, received):
@@ -126,8 +186,11 @@ def _corrupt_gathered(rank, world, received):
     per gathered buffer, ``region(r)`` the bytes received from rank r (a flat uint8 view)."""
     if not _gather_faults:
         return
-    for fault in list(_gather_faults.values()):
-        if fault["left"] <= 0 or fault["dst"] not in (None, rank):
+    me = threading.get_ident()
+    with _gather_lock:
+        faults = list(_gather_faults.values())
+    for fault in faults:
+        if fault["dst"] not in (None, rank) or fault["thread"] not in (None, me):
             continue
         src = fault["src"] if fault["src"] is not None else (0 if rank != 0 else 1)
         if src == rank or src >= world:
@@ -135,12 +198,23 @@ def _corrupt_gathered(rank, world, received):
         hit = [(n, t, b) for n, t, b in received if b and fault["buffer"] in (None, n)]
         if not hit:
             continue
+        with _gather_lock:  # a process-wide fault is shared by threads: count each use once
+            if fault["left"] <= 0:
+                continue
+            fault["left"] -= 1
         _corrupt(fault["kind"], hit[0][1](src), fault["rng"])
-        fault["left"] -= 1
 
 
 def _corrupt(kind, region, rng):
-    """Write wrong bytes of ``kind`` into ``region`` (a flat uint8 tensor with at least one byte)."""
+    """Write wrong bytes of ``kind`` into ``region`` (a flat uint8 tensor with at least one byte);
+    always wrong: where the kind's bytes equal what the region held, one bit is flipped too."""
+    before = region.clone()
+    _corrupt_as(kind, region, rng)
+    if torch.equal(region, before):
+        region[:1].bitwise_xor_(1)
+
+
+def _corrupt_as(kind, region, rng):
     n = region.numel()
     if kind == "zeros":
         region.zero_()

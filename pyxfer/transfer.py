@@ -2,13 +2,12 @@
 on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
 "Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
 import os
-import re
 
 import torch
 
 from . import health
-from ._devices import as_device, device_name
-from .ops import check_tensor
+from ._checks import check_int, check_tensor
+from ._devices import ANY_CODE as _ANY_CODE, as_device, device_name
 
 __all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
 
@@ -16,29 +15,43 @@ ROUTES = ("auto", "direct", "staged")
 VERIFY_MODES = ("sync", "deferred", "none")
 _NATIVE_PREFIX = "pyxfer.TransferError: "
 _verified_copy_op = torch.ops.pyxfer.verified_copy.default  # the overload itself: no packet lookup per call
-_DETAILS = re.compile(r"copy (\S+) -> (\S+) of (\d+) bytes.*source PXH64 (0x[0-9a-f]+), "
-                      r"destination PXH64 (0x[0-9a-f]+)")
+_RECORD_ROUTES = (None, "direct", "staged")  # the route code of an error record
+_MASK64 = (1 << 64) - 1
 
 
 class TransferError(RuntimeError):
-    """A copy whose destination did not match its source. Attributes: ``src`` and ``dst`` (device
-    names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; None if unknown)."""
+    """A copy whose destination did not match its source. Attributes (None if unknown): ``src`` and
+    ``dst`` (device names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; the
+    destination's of the first failing attempt), ``route`` ("direct" or "staged": the route of that
+    attempt; None for deferred copies), ``attempt`` (the last attempt that failed: 2 when a sync
+    copy's staged retry failed too, 1 for a deferred copy, which is never retried) and
+    ``retry_dst_hash`` (the destination PXH64 of that staged retry)."""
 
-    def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None):
+    def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None, route=None,
+                 attempt=None, retry_dst_hash=None):
         super().__init__(message)
         self.src, self.dst, self.num_bytes, self.src_hash, self.dst_hash = src, dst, num_bytes, src_hash, dst_hash
+        self.route, self.attempt, self.retry_dst_hash = route, attempt, retry_dst_hash
 
 
-def _from_native(message: str) -> TransferError:
+def _error_fields(record) -> dict:
+    """TransferError's keyword arguments from a native error record (csrc/transfer/errors.cpp:
+    [count, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash])."""
+    _, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash = record
+    return dict(src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash & _MASK64,
+                dst_hash=dst_hash & _MASK64, route=_RECORD_ROUTES[route], attempt=attempt,
+                retry_dst_hash=retry_dst_hash & _MASK64 if attempt > 1 else None)
+
+
+def _sync_error(message: str) -> TransferError:
+    """The TransferError of the sync copy that just failed in this thread: its native message, and its
+    fields from the record the native op kept for this thread."""
     text = message[message.index(_NATIVE_PREFIX) + len(_NATIVE_PREFIX):].splitlines()[0]
-    m = _DETAILS.search(text)
-    if m is None:
-        return TransferError(text)
-    return TransferError(text, src=m[1], dst=m[2], num_bytes=int(m[3]), src_hash=int(m[4], 16), dst_hash=int(m[5], 16))
+    record = torch.ops.pyxfer.take_sync_transfer_error()
+    return TransferError(text, **_error_fields(record)) if record else TransferError(text)
 
 
 _default_route = None
-_num_cuda_devices = None
 
 
 def default_route() -> str:
@@ -53,13 +66,6 @@ def default_route() -> str:
     return _default_route
 
 
-def _cuda_device_count() -> int:
-    global _num_cuda_devices
-    if _num_cuda_devices is None:
-        _num_cuda_devices = torch.cuda.device_count()  # fixed for the life of the process
-    return _num_cuda_devices
-
-
 def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync") -> torch.Tensor:
     """Copy ``src`` to ``device`` and prove the copy is bit-exact.
 
@@ -71,7 +77,10 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     pyxfer.health says the pair is corrupt or has no peer access); default $PYXFER_ROUTE or "auto".
     ``verify``: "sync" (wait for both checksums; on a mismatch mark the pair corrupt, copy again
     staged and verify again), "deferred" (no host wait: the comparison runs on the device and a
-    mismatch is raised by check_transfers(); capturable in a CUDA graph), "none".
+    mismatch is raised by this thread's check_transfers(); capturable in a CUDA graph), "none".
+    In CUDA graph capture, refused with a RuntimeError: verify="sync", the staged route (also when
+    "auto" resolves to it), a CPU destination, verify="deferred" from a CPU source, a CPU source
+    that is not contiguous and pinned, a non-contiguous source on a device that is not capturing.
     Differentiable: the gradient goes back to src's device through a verified copy.
 
     Raises TransferError (a RuntimeError) when the data arrived wrong on both paths (nothing is
@@ -86,44 +95,51 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     if verify not in VERIFY_MODES:
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
     device = as_device(op, "device", device)
-    if device.type == "cuda" and not 0 <= device.index < _cuda_device_count():
-        raise ValueError(f"{op}: device is {device}, which does not exist "
-                         f"({_cuda_device_count()} CUDA devices visible)")
     try:
         return _verified_copy_op(src, device, route, verify)
     except RuntimeError as e:
         if _NATIVE_PREFIX in str(e):
-            raise _from_native(str(e)) from None
+            raise _sync_error(str(e)) from None
         raise
 
 
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
-    as verified_copy; raises for bad input like it."""
+    as verified_copy; differentiable like it (the gradient goes back to src's device, staged);
+    raises for bad input like it, and RuntimeError during CUDA graph capture."""
     op = "pyxfer.staged_copy"
     check_tensor(op, "src", src)
     return torch.ops.pyxfer.staged_copy(src, as_device(op, "device", device))
 
 
 def check_transfers() -> None:
-    """Raise TransferError for mismatches found by ``verify="deferred"`` copies since the last call
-    (waiting for the devices that ran them), and mark their pair corrupt. Returns None otherwise."""
+    """Raise TransferError for mismatches found by this thread's ``verify="deferred"`` copies (and
+    by replays of the CUDA graphs it captured) since its last call, after waiting for the devices
+    that ran them; mark every pair that had one corrupt. The error's message counts them all and its
+    fields are those of the first. Returns None otherwise. Other threads' copies are reported by
+    their own calls; a replay queued after this call is reported by the next one."""
     record = torch.ops.pyxfer.take_transfer_errors()
     if not record:
         return
-    count, src, dst, num_bytes, src_hash, dst_hash = record
-    health.mark(device_name(src), device_name(dst), "corrupt")
-    mask = (1 << 64) - 1
-    src_hash, dst_hash = src_hash & mask, dst_hash & mask
+    count, first, others = record[0], record[:9], record[9:]
+    if first[1] == _ANY_CODE:  # counted, but no record complete yet (a replay was still writing it)
+        raise TransferError(f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification "
+                            f"(details not recorded)")
+    fields = _error_fields(first)
+    health.mark(fields["src"], fields["dst"], "corrupt")
+    for src, dst in zip(others[0::2], others[1::2]):
+        health.mark(device_name(src), device_name(dst), "corrupt")
     raise TransferError(
         f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: copy "
-        f"{device_name(src)} -> {device_name(dst)} of {num_bytes} bytes: source PXH64 {src_hash:#x}, "
-        f"destination PXH64 {dst_hash:#x}",
-        src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash, dst_hash=dst_hash)
+        f"{fields['src']} -> {fields['dst']} of {fields['num_bytes']} bytes: source PXH64 {fields['src_hash']:#x}, "
+        f"destination PXH64 {fields['dst_hash']:#x}", **fields)
 
 
 def configure_staging(chunk_bytes: int = 8 << 20, num_slots: int = 4) -> None:
     """Size of the staging pool used by later staged copies: ``num_slots`` (2..64) pinned buffers of
-    ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor)."""
-    torch.ops.pyxfer.configure_staging(int(chunk_bytes), int(num_slots))
+    ``chunk_bytes`` (a multiple of 4096) each, allocated once and reused (never per tensor).
+    Raises TypeError for a non-int (a float or a string like "8M" is not rounded or parsed) and
+    RuntimeError for a value out of range."""
+    op = "pyxfer.configure_staging"
+    torch.ops.pyxfer.configure_staging(check_int(op, "chunk_bytes", chunk_bytes), check_int(op, "num_slots", num_slots))

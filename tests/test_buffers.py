@@ -11,7 +11,9 @@ from tensors import ALL_DTYPES, layouts, random_tensor
 MIXED_DTYPES = [torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float32, torch.bfloat16,
                 torch.int64, torch.bool, torch.complex64]
 SENTINEL = 0xA5
-EVERY_DTYPE = sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str)  # aliases once
+QUANTIZED_DTYPES = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}  # rejected
+EVERY_DTYPE = sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)} - QUANTIZED_DTYPES,
+                     key=str)  # aliases once
 
 
 def bits(t):

@@ -20,7 +20,7 @@ def test_spec_vectors(name, data, seed, expected):
 def test_result_is_a_0dim_int64_on_the_data_device():
     out = torch.ops.pyxfer.checksum(torch.arange(10), 0)
     assert out.shape == () and out.dtype == torch.int64 and out.device.type == "cpu"
-    assert pyxfer.ops.as_uint64(out) == pyxfer.checksum(torch.arange(10))
+    assert pyxfer.checksums.as_uint64(out) == pyxfer.checksum(torch.arange(10))
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
@@ -90,10 +90,10 @@ def test_partial_sums_compose_to_the_whole(gen):
     cuts = sorted({0, t.numel(), *(8 * int(c) for c in torch.randint(0, t.numel() // 8, (6,), generator=gen))})
     partials = [torch.ops.pyxfer.checksum_partial(t[a:b], a // 8, seed) for a, b in zip(cuts, cuts[1:])]
     for (a, b), p in zip(zip(cuts, cuts[1:]), partials):
-        assert pyxfer.ops.as_uint64(p) == partial_np(logical_bytes(t[a:b]), seed, a // 8)
+        assert pyxfer.checksums.as_uint64(p) == partial_np(logical_bytes(t[a:b]), seed, a // 8)
     whole = torch.ops.pyxfer.checksum_combine(torch.stack(partials), t.numel(), seed)
-    assert pyxfer.ops.as_uint64(whole) == pyxfer.checksum(t, seed)
-    acc = sum(pyxfer.ops.as_uint64(p) for p in partials) % (1 << 64)
+    assert pyxfer.checksums.as_uint64(whole) == pyxfer.checksum(t, seed)
+    acc = sum(pyxfer.checksums.as_uint64(p) for p in partials) % (1 << 64)
     assert finalize(acc, t.numel(), seed) == pyxfer.checksum(t, seed)
 
 
@@ -122,8 +122,8 @@ def test_torch_compile(gen):
     x = torch.nan_to_num(x)
     y = random_tensor((41,), torch.uint8, gen)
     hx, hy = both(x, y)
-    assert pyxfer.ops.as_uint64(hx) == pxh64_np(logical_bytes(x * 2))
-    assert pyxfer.ops.as_uint64(hy) == pxh64_np(logical_bytes(y), 9)
+    assert pyxfer.checksums.as_uint64(hx) == pxh64_np(logical_bytes(x * 2))
+    assert pyxfer.checksums.as_uint64(hy) == pxh64_np(logical_bytes(y), 9)
 
 
 def test_meta_tensors_trace_but_have_no_value():

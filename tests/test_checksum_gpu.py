@@ -63,7 +63,7 @@ def test_partial_sums_compose_on_cuda(gen):
     assert partials.device == g.device
     whole = torch.ops.pyxfer.checksum_combine(partials, t.numel(), 5)
     assert whole.device == g.device
-    assert pyxfer.ops.as_uint64(whole) == pyxfer.checksum(t, 5)
+    assert pyxfer.checksums.as_uint64(whole) == pyxfer.checksum(t, 5)
     cpu_partials = torch.stack([torch.ops.pyxfer.checksum_partial(t[a:b], a // 8, 5) for a, b in zip(cuts, cuts[1:])])
     assert torch.equal(partials.cpu(), cpu_partials)
 
@@ -80,7 +80,7 @@ def test_runs_on_the_current_non_default_stream(gen):
         dst.copy_(src)
         out = torch.ops.pyxfer.checksum(dst, 0)
     side.synchronize()
-    assert pyxfer.ops.as_uint64(out) == expected
+    assert pyxfer.checksums.as_uint64(out) == expected
 
 
 def test_opcheck_and_compile_on_cuda(gen):
@@ -91,7 +91,7 @@ def test_opcheck_and_compile_on_cuda(gen):
                           (torch.randint(-2**62, 2**62, (4,), device="cuda"), 77, 1))
     f = torch.compile(lambda x: torch.ops.pyxfer.checksum(x + 1, 0), fullgraph=True)
     x = torch.randn(1000, device="cuda")
-    assert pyxfer.ops.as_uint64(f(x)) == pyxfer.checksum((x + 1).cpu())
+    assert pyxfer.checksums.as_uint64(f(x)) == pyxfer.checksum((x + 1).cpu())
 
 
 @pytest.mark.multigpu
@@ -102,7 +102,7 @@ def test_data_on_cuda1_while_current_device_is_0(gen):
     for offset in (0, 1, 8):
         out = torch.ops.pyxfer.checksum(g1[offset:], 0)
         assert out.device == torch.device("cuda:1")
-        assert pyxfer.ops.as_uint64(out) == pyxfer.checksum(t[offset:])
+        assert pyxfer.checksums.as_uint64(out) == pyxfer.checksum(t[offset:])
     assert torch.cuda.current_device() == 0
     # a busy non-default stream on cuda:1 made current there, while the current device stays 0:
     # the op must order itself after the copy queued on that stream
@@ -120,4 +120,4 @@ def test_data_on_cuda1_while_current_device_is_0(gen):
         torch.cuda.set_stream(torch.cuda.default_stream(1))
         torch.cuda.set_device(0)
     side.synchronize()
-    assert pyxfer.ops.as_uint64(out) == pyxfer.checksum(t)
+    assert pyxfer.checksums.as_uint64(out) == pyxfer.checksum(t)

@@ -265,7 +265,8 @@ def test_nvfp4_encodes_near_the_clamp_cpu_equals_cuda(gen):
     """The CUDA NVFP4 encodes skip their clamp to 6 where every block of a warp (rowwise) or a tile
     (columnwise) scales below 7 and holds no NaN: global amaxes that saturate the block scales (below
     the data's amax), leave them normal, or put them among E4M3's subnormals (scaled values up to 9),
-    and a negative one (a tensor's value is not checked: its scale bytes are E4M3's negative half);
+    and a negative one (which quantize rejects; the native op, which does not check a tensor's value,
+    is compared directly: its scale bytes are E4M3's negative half);
     data of one magnitude and of many; a NaN in one tile only, so one tile clamps and the others need
     not; whole tiles, partial edge tiles and a misaligned view; every usage."""
     for dtype in IN_DTYPES:
@@ -279,6 +280,13 @@ def test_nvfp4_encodes_near_the_clamp_cpu_equals_cuda(gen):
                 for ga in (amax / 3, amax, amax * 64, amax * 4096, -amax):
                     for usage in USAGES:
                         what = f"nvfp4 {dtype} {tuple(x.shape)} {x.stride()} span {span} global amax {ga:g} {usage}"
+                        if ga < 0:
+                            rw, cw = USAGES[usage]
+                            c = torch.ops.pyxfer.quantize_nvfp4(x, torch.tensor([ga]), rw, cw)
+                            g = torch.ops.pyxfer.quantize_nvfp4(xg, torch.tensor([ga], device="cuda"), rw, cw)
+                            for name, bc, bg in zip(BUFFERS, c, g):
+                                assert_tensors_bitwise_equal(f"{what} {name}", bc, bg)
+                            continue
                         assert_qt_equal(what, quantize(x, "nvfp4", usage, global_amax=torch.tensor([ga])),
                                         quantize(xg, "nvfp4", usage, global_amax=torch.tensor([ga], device="cuda")))
 

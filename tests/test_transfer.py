@@ -2,6 +2,7 @@
 autograd, thread safety) runs here through CPU -> CPU copies."""
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ import pyxfer
 from pyxfer.testing import FAULT_KINDS, inject_fault
 
 from conftest import run_python
+from pxh64_reference import M1, K, _mix_np, mix
 from tensors import ALL_DTYPES, layouts, logical_bytes, random_tensor
 
 
@@ -21,6 +23,20 @@ def clean_health():
 
 def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and logical_bytes(a) == logical_bytes(b)
+
+
+def one_bit_flip_hashes(data: bytes, seed: int = 0) -> set:
+    """PXH64 (by the reference) of ``data`` with one of its bits flipped, for every bit: what a
+    "bitflip" fault's destination can hash to. Only the flipped word's term changes."""
+    words = np.frombuffer(data + b"\0" * (-len(data) % 8), dtype="<u8")
+    with np.errstate(over="ignore"):
+        keys = np.uint64(seed) + np.arange(1, words.size + 1, dtype=np.uint64) * np.uint64(K)
+        terms = _mix_np(words ^ keys)
+        pos = np.arange(8 * len(data), dtype=np.uint64)  # byte i bit b is bit 8 * i + b of the stream
+        j, bit = (pos >> np.uint64(6)).astype(np.int64), pos & np.uint64(63)
+        acc = terms.sum(dtype=np.uint64) - terms[j] + _mix_np((words[j] ^ (np.uint64(1) << bit)) ^ keys[j])
+        final = _mix_np(acc ^ np.uint64(mix(len(data) ^ seed ^ M1)))
+    return set(final.tolist())
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
@@ -78,8 +94,75 @@ def test_faults_on_both_paths_raise_and_return_nothing(kind, gen):
             pyxfer.verified_copy(src, "cpu")
     e = info.value
     assert isinstance(e, RuntimeError)
-    assert (e.src, e.dst, e.num_bytes) == ("cpu", "cpu", 6006)
-    assert e.src_hash == pyxfer.checksum(src) and e.dst_hash != e.src_hash
+    assert (e.src, e.dst, e.num_bytes, e.route, e.attempt) == ("cpu", "cpu", 6006, "direct", 2)
+    assert e.src_hash == pyxfer.checksum(src)
+    assert e.retry_dst_hash in one_bit_flip_hashes(logical_bytes(src))  # the staged retry: one bit flipped
+    if kind == "zeros":
+        assert e.dst_hash == pyxfer.checksum(torch.zeros(3, 1001, dtype=torch.float16))
+    elif kind == "bitflip":
+        assert e.dst_hash in one_bit_flip_hashes(logical_bytes(src))
+    else:  # stale / truncate / shift keep bytes of the fresh destination allocation: unknowable here
+        assert e.dst_hash != e.src_hash
+
+
+@pytest.mark.parametrize("route", ["auto", "staged"])
+def test_sync_error_carries_the_structured_record(route, gen):
+    # zeros on both paths: both destinations are known exactly (all zero bytes)
+    src = random_tensor((3, 1001), torch.float16, gen)[:, 5:].t()  # non-contiguous: 2988 elements
+    zeros = pyxfer.checksum(torch.zeros(src.shape, dtype=src.dtype))
+    first = "direct" if route == "auto" else "staged"
+    with inject_fault("zeros", path=first, times=2), inject_fault("zeros", path="staged", times=2):
+        with pytest.raises(pyxfer.TransferError) as info:
+            pyxfer.verified_copy(src, "cpu", route=route)
+    e = info.value
+    assert (e.src, e.dst, e.num_bytes, e.route, e.attempt) == ("cpu", "cpu", 5976, first, 2)
+    assert (e.src_hash, e.dst_hash, e.retry_dst_hash) == (pyxfer.checksum(src), zeros, zeros)
+    assert str(e) == (f"copy cpu -> cpu of 5976 bytes failed verification on the {first} path and again on the "
+                      f"staged path: source PXH64 {e.src_hash:#x}, destination PXH64 {zeros:#x} (first try), "
+                      f"{zeros:#x} (staged retry)")
+    assert torch.ops.pyxfer.take_sync_transfer_error() == []  # the wrapper took this thread's record
+
+
+def test_sync_error_record_through_the_raw_op(gen):
+    src = random_tensor((4099,), torch.uint8, gen)
+    with inject_fault("bitflip", path="direct"), inject_fault("zeros", path="staged"):
+        with pytest.raises(RuntimeError, match=r"^pyxfer.TransferError: copy cpu -> cpu of 4099 bytes"):
+            torch.ops.pyxfer.verified_copy(src, torch.device("cpu"), "direct", "sync")
+    record = torch.ops.pyxfer.take_sync_transfer_error()
+    mask = (1 << 64) - 1
+    count, s, d, n, src_hash, dst_hash, route, attempt, retry_hash = record
+    assert (count, s, d, n, route, attempt) == (1, -1, -1, 4099, 1, 2)  # route code 1: direct
+    assert src_hash & mask == pyxfer.checksum(src)
+    assert dst_hash & mask in one_bit_flip_hashes(logical_bytes(src))
+    assert retry_hash & mask == pyxfer.checksum(torch.zeros(4099, dtype=torch.uint8))
+    assert torch.ops.pyxfer.take_sync_transfer_error() == []  # taking clears it
+
+
+def test_sync_error_records_are_per_thread(gen):
+    sizes = [1001, 2003, 4099, 8191]
+    sources = [random_tensor((n,), torch.uint8, gen) for n in sizes]
+    results, barrier = {}, threading.Barrier(len(sizes))
+
+    def copier(i):
+        barrier.wait()
+        try:
+            pyxfer.verified_copy(sources[i], "cpu", route="direct")
+            results[i] = None
+        except pyxfer.TransferError as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=copier, args=(i,)) for i in range(len(sizes))]
+    with inject_fault("zeros", path="direct", times=len(sizes), process_wide=True), \
+            inject_fault("zeros", path="staged", times=len(sizes), process_wide=True):  # the threads' copies
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for i, n in enumerate(sizes):  # each thread got its own copy's record, not another's
+        e = results[i]
+        assert isinstance(e, pyxfer.TransferError), (i, e)
+        assert (e.num_bytes, e.src_hash, e.route, e.attempt) == (n, pyxfer.checksum(sources[i]), "direct", 2)
+        assert e.dst_hash == e.retry_dst_hash == pyxfer.checksum(torch.zeros(n, dtype=torch.uint8))
 
 
 def test_staged_route_faults_retry_staged_once(gen):
@@ -102,6 +185,18 @@ def test_deferred_mode_latches_and_check_transfers_raises(gen):
     assert info.value.src_hash == pyxfer.checksum(src) and info.value.num_bytes == 5000
     assert pyxfer.health.status("cpu", "cpu") == "corrupt"
     pyxfer.check_transfers()  # the latch was cleared
+
+
+def test_deferred_error_carries_the_same_record_fields(gen):
+    src = random_tensor((7, 333), torch.int16, gen)[:, 1:]  # a view at an offset: 7 * 332 * 2 bytes
+    with inject_fault("zeros", path="staged"):
+        out = pyxfer.verified_copy(src, "cpu", route="staged", verify="deferred")
+    assert not same_bits(out, src)  # returned unrepaired: deferred copies are checked later
+    with pytest.raises(pyxfer.TransferError, match=r"^1 deferred verified copy failed verification") as info:
+        pyxfer.check_transfers()
+    e = info.value
+    assert (e.src, e.dst, e.num_bytes, e.attempt, e.route, e.retry_dst_hash) == ("cpu", "cpu", 4648, 1, None, None)
+    assert (e.src_hash, e.dst_hash) == (pyxfer.checksum(src), pyxfer.checksum(torch.zeros(7, 332, dtype=torch.int16)))
 
 
 def test_zero_element_tensors(gen):
@@ -168,7 +263,8 @@ def test_health_registry_is_thread_safe_under_concurrent_copies(gen):
             pyxfer.health.reset()
 
     threads = [threading.Thread(target=copier, args=(i,)) for i in range(6)] + [threading.Thread(target=flipper)]
-    with inject_fault("bitflip", path="direct", times=25) as fault:  # armed before any copy can finish
+    # armed before any copy can finish, for the copier threads' copies
+    with inject_fault("bitflip", path="direct", times=25, process_wide=True) as fault:
         for t in threads:
             t.start()
         for t in threads[:-1]:
@@ -217,10 +313,16 @@ def test_bad_input_is_rejected_before_any_work(gen):
         pyxfer.health.mark("cpu", "cpu", "fine")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a build without CUDA devices")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without CUDA devices")
 def test_cuda_destination_without_cuda_is_a_clear_error():
-    with pytest.raises((ValueError, RuntimeError), match=r"does not exist|built without CUDA"):
+    # the wrapper checks the index against the devices torch sees; the raw op, against the build
+    with pytest.raises(ValueError, match=r"^pyxfer.verified_copy: device is cuda:0, which does not exist "
+                                         r"\(0 CUDA devices visible\)$"):
         pyxfer.verified_copy(torch.ones(3), "cuda:0")
+    native = (r"device is cuda:0, which does not exist \(0 CUDA devices visible\)" if pyxfer.build_info()["cuda"]
+              else r"device is cuda:0 but pyxfer was built without CUDA \(pyxfer.build_info\(\)\['cuda'\] is False\)")
+    with pytest.raises(RuntimeError, match=r"pyxfer.verified_copy: " + native):
+        torch.ops.pyxfer.verified_copy(torch.ones(3), torch.device("cuda", 0), "auto", "sync")
 
 
 def test_environment_sets_the_default_route_and_a_fault():

@@ -57,13 +57,14 @@ at::Tensor checksum_combine_cuda(const at::Tensor& partials, int64_t num_bytes, 
 
 }  // namespace
 
-void pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out) {
+at::Tensor pxh64_into(const at::Tensor& t, int64_t seed, uint64_t* out) {
   if (uint64_t(t.nbytes()) <= kSmallHashBytes) {  // one launch, no workspace to zero: the latency path
     C10_CUDA_CHECK(launch_pxh64_small(t.data_ptr(), t.nbytes(), u64(seed), out, c10::cuda::getCurrentCUDAStream()));
-    return;
+    return at::Tensor();
   }
   at::Tensor workspace = at::empty({2}, t.options().dtype(at::kLong));
   pxh64_launch(t, 0, seed, out, workspace);
+  return workspace;
 }
 
 TORCH_LIBRARY_IMPL(pyxfer, CUDA, m) {

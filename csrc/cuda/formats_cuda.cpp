@@ -1,5 +1,5 @@
 // CUDA bindings of the quantized-format ops: validate (the checks the CPU implementations use) ->
-// CUDAGuard on the data's device -> its current stream -> launch (csrc/kernels/formats.cu).
+// CUDAGuard on the data's device -> its current stream -> launch (csrc/kernels/formats_*.cu).
 // Outputs are allocated by the shared helpers in formats_common.h, so layouts (and the zeroed scale
 // padding) are byte-identical to the CPU reference.
 // NOTE: c10/cuda headers only (not ATen/cuda/CUDAContext.h, which needs cuBLAS/cuSPARSE headers).

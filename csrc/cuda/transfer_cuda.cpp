@@ -1,13 +1,14 @@
 // The CUDA mechanics of verified transfers (any end on a GPU); the protocol itself is in
-// csrc/transfer/transfer.cpp. Streams: Sa / Sb are the current streams of the source / destination
-// device (the callers' streams, as Tensor.to uses them); side streams from the pool hash the source
-// beside the copy (Ha), hash destination chunks as they land (Hb) and run staged legs (Ca, Cb).
+// csrc/transfer/verified_copy.cpp, the reusable plumbing in cuda/stream_order.h, cuda/peer_access.h
+// and cuda/staging_pool.h. Streams: Sa / Sb are the current streams of the source / destination
+// device (the callers' streams, as Tensor.to uses them); pyxfer's own side streams
+// (cuda/side_streams.h) hash the source beside the copy (Ha), hash destination chunks as they land
+// (Hb) and run staged legs (Ca, Cb).
 // Every side stream starts after an event from a current stream and ends joined back into one, so
 // the result is ready on Sb, later work on Sa is ordered after the reads, and CUDA graph capture sees
 // a proper fork/join.
 // NOTE: c10/cuda headers only (ATen/cuda/CUDAContext.h needs cuBLAS/cuSPARSE headers).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -15,18 +16,23 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <set>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
+#include "cuda/deferred_latch.h"
+#include "cuda/graph_lifetime.h"
+#include "cuda/host_hashes.h"
+#include "cuda/peer_access.h"
 #include "cuda/pxh64_cuda.h"
+#include "cuda/side_streams.h"
+#include "cuda/staging_pool.h"
+#include "cuda/stream_order.h"
 #include "pyxfer/launch.h"
+#include "transfer/errors.h"
 #include "transfer/transfer.h"
 
 namespace pyxfer {
@@ -88,290 +94,10 @@ int64_t next_pipeline_end(int64_t begin, int64_t num_bytes) {
   return begin + chunk;
 }
 
-// NOTE: every raw call that takes a stream runs with that stream's device current: torch's default
-// stream is the legacy stream (handle 0), which means "the current device's".
-bool is_capturing(const CUDAStream& s) {
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Reusable events per device and thread: a wait captures the event's state when it is queued, so an
-// event can be recorded again right away (no create/destroy per ordering). Slot 0 orders streams
-// (record / wait below); slots 1, 2, ... mark the chunks of one pipelined copy, all recorded before
-// the first wait on them.
-cudaEvent_t device_event(c10::DeviceIndex device, size_t slot) {
-  thread_local std::vector<std::vector<cudaEvent_t>> events;
-  if (size_t(device) >= events.size()) events.resize(size_t(device) + 1);
-  std::vector<cudaEvent_t>& mine = events[device];
-  if (slot >= mine.size()) mine.resize(slot + 1, nullptr);
-  if (mine[slot] == nullptr) {
-    const c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&mine[slot], cudaEventDisableTiming));
-  }
-  return mine[slot];
-}
-
-// Records the device's ordering event on `s` and returns it (valid for waits until the next record).
-cudaEvent_t record(const CUDAStream& s) {
-  const cudaEvent_t event = device_event(s.device_index(), 0);
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  C10_CUDA_CHECK(cudaEventRecord(event, s.stream()));
-  return event;
-}
-
-void wait(const CUDAStream& s, cudaEvent_t event) {
-  const c10::cuda::CUDAGuard guard(s.device_index());
-  C10_CUDA_CHECK(cudaStreamWaitEvent(s.stream(), event, 0));
-}
-
-// Work queued on `after` from now on runs after everything queued on `before` so far.
-void order(const CUDAStream& before, const CUDAStream& after) {
-  if (before != after) wait(after, record(before));
-}
-
-// The host waits for everything queued on `s` so far (by this thread's event: other threads' later
-// work on the same stream is not waited for).
-void host_wait(const CUDAStream& s) {
-  const cudaEvent_t event = record(s);
-  C10_CUDA_CHECK(cudaEventSynchronize(event));
-}
-
-// The caching allocator must not reuse `t`'s memory before work queued on `stream` finished.
-void keep_alive_on(const at::Tensor& t, const CUDAStream& stream) {
-  if (t.is_cuda() && t.storage().data_ptr().get() != nullptr)
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
-}
-
 uint8_t* bytes_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 uint64_t* u64_of(const at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.data_ptr<int64_t>()); }
 
-// ---- peer access ----------------------------------------------------------------------------------
-std::mutex peer_mutex;
-std::map<std::pair<int, int>, bool> peer_possible;  // cudaDeviceCanAccessPeer, asked once per pair
-std::set<std::pair<int, int>> peer_enabled;
-
-bool can_access_peer(int from, int to) {
-  std::lock_guard<std::mutex> lock(peer_mutex);
-  auto it = peer_possible.find({from, to});
-  if (it != peer_possible.end()) return it->second;
-  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
-  int can = 0;
-  C10_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
-  return peer_possible[{from, to}] = can != 0;
-}
-
-// Enable `from` to read and write `to`'s memory (explicitly: no silent staging by the driver).
-// Caller holds peer_mutex.
-void enable_peer_access_locked(int from, int to) {
-  if (!peer_enabled.insert({from, to}).second) return;
-  const c10::cuda::CUDAGuard guard(from);
-  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);  // may run in capture
-  const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
-  if (err == cudaErrorPeerAccessAlreadyEnabled) {
-    (void)cudaGetLastError();  // torch may have enabled it already
-    return;
-  }
-  C10_CUDA_CHECK(err);
-}
-
-void enable_peer_access(int a, int b) {
-  thread_local std::pair<int, int> enabled{-1, -1};  // the last pair: no lock on repeated copies
-  if (enabled == std::make_pair(a, b)) return;
-  std::lock_guard<std::mutex> lock(peer_mutex);
-  enable_peer_access_locked(a, b);
-  enable_peer_access_locked(b, a);
-  enabled = {a, b};
-}
-
-// ---- sync-mode hash results -----------------------------------------------------------------------
-// A per-thread pair of words in mapped pinned memory (valid on every device through UVA): the hash
-// kernels write their results there and the host reads them after its wait, with no device -> host
-// copy and no allocation per call. Only sync copies use it (the host waits before the next copy of
-// the thread can reuse it; never inside a CUDA graph, whose replays would write it later).
-struct alignas(64) HostHashes {
-  uint64_t src, dst;
-};
-
-class HostHashPool {
- public:
-  HostHashes* take() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.empty()) {
-      constexpr int kPerBlock = 64;
-      const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-      void* p = nullptr;
-      C10_CUDA_CHECK(cudaHostAlloc(&p, sizeof(HostHashes) * kPerBlock, cudaHostAllocMapped | cudaHostAllocPortable));
-      for (int i = 0; i < kPerBlock; ++i) free_.push_back(static_cast<HostHashes*>(p) + i);
-    }
-    HostHashes* h = free_.back();
-    free_.pop_back();
-    return h;
-  }
-  void give(HostHashes* h) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(h);
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<HostHashes*> free_;
-};
-
-HostHashPool& host_hash_pool() {
-  static HostHashPool* pool = new HostHashPool();  // NOTE: leaked on purpose: outlives CUDA teardown order
-  return *pool;
-}
-
-struct ThreadHostHashes {
-  HostHashes* slot = nullptr;
-  ~ThreadHostHashes() {
-    if (slot != nullptr) host_hash_pool().give(slot);
-  }
-};
-thread_local ThreadHostHashes thread_host_hashes;
-
-HostHashes* host_hashes() {
-  if (thread_host_hashes.slot == nullptr) thread_host_hashes.slot = host_hash_pool().take();
-  return thread_host_hashes.slot;
-}
-
-// After an error between launch and wait, kernels may still write the slot: never reuse it.
-void abandon_host_hashes() { thread_host_hashes.slot = nullptr; }
-
-// ---- the bounded pool of pinned staging buffers --------------------------------------------------
-// num_slots buffers of chunk_bytes in one portable pinned allocation. A slot is held only while one
-// copy enqueues its two legs; its reuse is ordered by the event of its last reader (stream waits, or a
-// host wait where the next writer is the host), so the pool never grows with the tensor.
-class StagingPool {
- public:
-  struct Slot {
-    uint8_t* ptr;
-    int64_t capacity;
-    int64_t index;
-    cudaEvent_t prior_reader;  // the writer must wait for it (may be null); the taker destroys it
-  };
-
-  Slot acquire() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    maybe_reallocate();
-    const int64_t i = next_++ % int64_t(slots_.size());
-    idle_.wait(lock, [&] { return !slots_[i].held; });
-    slots_[i].held = true;
-    cudaEvent_t prior = slots_[i].last_reader;
-    slots_[i].last_reader = nullptr;
-    ++num_held_;
-    return {base_ + i * config_.chunk_bytes, config_.chunk_bytes, i, prior};
-  }
-
-  void release(int64_t index, cudaEvent_t last_reader) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    slots_[index].held = false;
-    slots_[index].last_reader = last_reader;
-    --num_held_;
-    idle_.notify_all();
-  }
-
-  int64_t chunk_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return config_.chunk_bytes != 0 ? config_.chunk_bytes : staging_config().chunk_bytes;
-  }
-
- private:
-  struct SlotState {
-    bool held = false;
-    cudaEvent_t last_reader = nullptr;
-  };
-
-  // (Re)allocate when the configuration changed and no copy holds a slot.
-  void maybe_reallocate() {
-    const StagingConfig want = staging_config();
-    if (base_ != nullptr && (num_held_ > 0 || (want.chunk_bytes == config_.chunk_bytes &&
-                                               want.num_slots == config_.num_slots)))
-      return;
-    for (SlotState& s : slots_) {
-      if (s.last_reader != nullptr) {
-        C10_CUDA_CHECK(cudaEventSynchronize(s.last_reader));
-        C10_CUDA_CHECK(cudaEventDestroy(s.last_reader));
-      }
-    }
-    if (base_ != nullptr) C10_CUDA_CHECK(cudaFreeHost(base_));
-    // NOTE: allowed while a stream captures a graph (the allocation is not a stream operation).
-    const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaHostAlloc(&p, size_t(want.chunk_bytes * want.num_slots), cudaHostAllocPortable));
-    base_ = static_cast<uint8_t*>(p);
-    config_ = want;
-    slots_.assign(size_t(want.num_slots), SlotState{});
-  }
-
-  std::mutex mutex_;
-  std::condition_variable idle_;
-  uint8_t* base_ = nullptr;
-  StagingConfig config_{0, 0};
-  std::vector<SlotState> slots_;
-  int64_t next_ = 0;
-  int64_t num_held_ = 0;
-};
-
-StagingPool& staging_pool() {
-  static StagingPool* pool = new StagingPool();  // NOTE: leaked on purpose: outlives CUDA teardown order
-  return *pool;
-}
-
-// ---- the deferred-verification latch --------------------------------------------------------------
-std::mutex latch_mutex;
-TransferLatch* latch = nullptr;  // mapped pinned memory, valid on every device (UVA)
-std::set<int> latch_devices;     // devices that queued a latch check since the last take
-
-TransferLatch* device_latch(int device) {
-  std::lock_guard<std::mutex> lock(latch_mutex);
-  if (latch == nullptr) {
-    const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaHostAlloc(&p, sizeof(TransferLatch), cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(p, 0, sizeof(TransferLatch));
-    latch = static_cast<TransferLatch*>(p);
-  }
-  latch_devices.insert(device);
-  return latch;
-}
-
-TransferErrorRecord take_cuda_errors() {
-  std::set<int> devices;
-  {
-    std::lock_guard<std::mutex> lock(latch_mutex);
-    if (latch == nullptr) return {};
-    devices.swap(latch_devices);
-  }
-  for (int d : devices) {  // the latch is written by kernels: wait for those devices
-    const c10::cuda::CUDAGuard guard(d);
-    C10_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  std::lock_guard<std::mutex> lock(latch_mutex);
-  volatile TransferLatch* l = latch;
-  TransferErrorRecord r;
-  r.count = int64_t(l->count);
-  if (r.count > 0) {
-    r.src = l->src_device;
-    r.dst = l->dst_device;
-    r.num_bytes = l->num_bytes;
-    r.src_hash = l->src_hash;
-    r.dst_hash = l->dst_hash;
-  }
-  std::memset(const_cast<TransferLatch*>(latch), 0, sizeof(TransferLatch));
-  return r;
-}
-
 // ---- one transfer with at least one CUDA end ------------------------------------------------------
-uint64_t cpu_hash(const at::Tensor& t) { return u64(*checksum_op(t, 0).data_ptr<int64_t>()); }
-
-// *out = PXH64(t) on `s` (t's device). Workspaces are allocated on `s` itself (stream-ordered reuse).
-void hash_on(const CUDAStream& s, const at::Tensor& t, uint64_t* out) {
-  const c10::cuda::CUDAStreamGuard on(s);
-  pxh64_into(t, 0, out);
-}
 
 class CudaPath final : public TransferPath {
  public:
@@ -381,27 +107,53 @@ class CudaPath final : public TransferPath {
     peer_ = src_.is_cuda() && dst_.is_cuda() && src_.index() != dst_.index();
     sa_capturing_ = sa_ && is_capturing(*sa_);
     sb_capturing_ = sb_ && is_capturing(*sb_);
-    // In graph capture the other device's work goes on a pool stream that joins the capture (its
+    // In graph capture the other device's work goes on a side stream that joins the capture (its
     // current stream may be the legacy default stream, which cannot be captured).
-    if (peer_ && sa_capturing_ && !sb_capturing_) sb_ = c10::cuda::getStreamFromPool(false, dst_.index());
-    if (peer_ && sb_capturing_ && !sa_capturing_) sa_ = c10::cuda::getStreamFromPool(false, src_.index());
+    if (peer_ && sa_capturing_ && !sb_capturing_) sb_ = side_.acquire(dst_.index());
+    if (peer_ && sb_capturing_ && !sa_capturing_) sa_ = side_.acquire(src_.index());
   }
 
   ~CudaPath() override {
-    if (host_pending_) abandon_host_hashes();  // an error came between the launches and the wait
+    if (host_pending_) abandon_thread_host_hashes();  // an error came between the launches and the wait
+    // NOTE: a pair_ still held here met an error after its kernels may have been queued: not reused.
   }
 
   at::Device dst_device() const override { return dst_; }
-  bool direct_supported() const override { return !peer_ || can_access_peer(src_.index(), dst_.index()); }
+  // Both ways: a peer copy is pulled by the destination (it reads the source's memory) and the
+  // copy engine's pair is enabled both ways.
+  bool direct_supported() const override {
+    return !peer_ || (can_access_peer(src_.index(), dst_.index()) && can_access_peer(dst_.index(), src_.index()));
+  }
   bool capturing() const override { return sa_capturing_ || sb_capturing_; }
+
+  void check_capturable(const char* op, const at::Tensor& src, Verify verify) const override {
+    if (!capturing()) return;
+    TORCH_CHECK(dst_.is_cuda(), op, ": a CPU destination cannot be captured in a CUDA graph (the result would be a "
+                "new host tensor, made once at capture); copy into a GPU tensor in the graph and move it to the host "
+                "after the replay");
+    if (src_.is_cpu()) {
+      TORCH_CHECK(verify != Verify::kDeferred, op, ": verify='deferred' with a CPU source cannot be captured in a CUDA "
+                  "graph (the source is hashed on the host, once, at capture: every replay with new data would latch "
+                  "a false mismatch); use verify='none' in the graph, or copy outside it");
+      TORCH_CHECK(src.is_contiguous() && src.is_pinned(), op, ": a ", src.is_contiguous() ? "pageable" : "non-contiguous",
+                  " source on cpu cannot be captured in a CUDA graph (it would be staged or made contiguous once, at "
+                  "capture); make it a contiguous pinned tensor before the capture");
+    } else {
+      TORCH_CHECK(src.is_contiguous() || sa_capturing_, op, ": a non-contiguous source on ", src_, " cannot be "
+                  "captured in a CUDA graph while only ", dst_, " captures (its contiguous copy would be made once, at "
+                  "capture, and freed); make it contiguous before the capture");
+    }
+  }
 
   at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) override {
     verify_ = verify;
     // Sync results (and any comparison with a CPU destination) land in the thread's mapped host words;
-    // deferred ones stay on the destination GPU for the latch kernel (in capture: the graph's pool).
+    // deferred ones are compared on the destination GPU by the latch kernel: the destination hash in
+    // its memory (in capture: the graph's pool), the source hash of a GPU source in mapped host
+    // memory, written there by the source GPU (never over the peer link whose copy it checks).
     on_host_ = verify == Verify::kSync || (verify == Verify::kDeferred && !dst_.is_cuda());
     if (on_host_) {
-      host_ = host_hashes();
+      host_ = thread_host_hashes();
       host_pending_ = true;
     }
     const auto options = at::TensorOptions().dtype(dtype).device(dst_);
@@ -411,8 +163,14 @@ class CudaPath final : public TransferPath {
     // Allocations belong to Sb (in capture: the graph's pool); every write of them is ordered after
     // Sb: the direct copy runs on Sb, staged legs and hashes on streams forked from it.
     const c10::cuda::CUDAStreamGuard on(*sb_);
-    if (verify == Verify::kDeferred) hashes_ = at::empty({2}, options.dtype(at::kLong));  // [source, destination]
-    return at::empty(sizes, options);
+    if (verify == Verify::kDeferred) {
+      dst_hash_ = at::empty({1}, options.dtype(at::kLong));
+      keep_for_graph(dst_hash_);
+      if (src_.is_cuda()) pair_ = take_host_hashes();
+    }
+    at::Tensor dst = at::empty(sizes, options);
+    if (!sb_capturing_) keep_for_graph(dst);  // replays write it: never handed to another tensor
+    return dst;
   }
 
   void copy(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) override {
@@ -428,30 +186,38 @@ class CudaPath final : public TransferPath {
       if (route == Route::kStaged) copy_staged(dst, src, plan);
       else copy_host_device(dst, src, plan);
     }
+    if (plan.ensure_byte >= 0) {
+      make_wrong(dst, src, plan);
+      dst_hashed = false;  // the destination may have changed after the copy's own hash
+    }
     if (hash && src_.is_cpu()) src_value_ = cpu_hash(src);  // after queuing the copy: overlaps a pinned one
     if (hash && !dst_hashed) {
       if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());  // on Sb, after the data landed there
       else dst_value_ = cpu_hash(dst);                     // torch's copy into host memory has finished
     }
     if (hs_ && *hs_ != *sa_) order(*hs_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
-    if (hs_ && !on_host_) {  // deferred: the latch kernel on Sb compares a copy of the source hash
-      order(*hs_, *sb_);
-      const c10::cuda::CUDAGuard guard(dst_);
-      keep_alive_on(src_hash_, *sb_);
-      C10_CUDA_CHECK(cudaMemcpyAsync(u64_of(hashes_), src_hash_.data_ptr(), sizeof(int64_t), cudaMemcpyDeviceToDevice,
-                                     sb_->stream()));
-    }
+    if (hs_ && !on_host_) order(*hs_, *sb_);     // deferred: the latch kernel on Sb reads the source hash
     if (device_to_device && *sb_ != *sa_) order(*sb_, *sa_);  // later work on Sa (writes to src) after the copy read it
-    if (verify_ == Verify::kNone) join();
+    if (verify_ == Verify::kNone) {
+      join();
+      hand_over_to_graph();
+    }
   }
 
   bool compare(uint64_t* src_value, uint64_t* dst_value) override {
-    if (!on_host_) {  // deferred with a CUDA destination: compare on Sb, latch a mismatch
+    if (!on_host_) {  // deferred with a CUDA destination: compare on Sb, latch a mismatch for this thread
       const c10::cuda::CUDAGuard guard(dst_);
-      const uint64_t* src_ptr = src_.is_cuda() ? u64_of(hashes_) : nullptr;
-      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_value_, u64_of(hashes_) + 1, device_latch(dst_.index()),
-                                           device_code(src_), device_code(dst_), num_bytes_, sb_->stream()));
+      const uint64_t* src_ptr = src_.is_cuda() ? &pair_->src : nullptr;
+      C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_value_, u64_of(dst_hash_),
+                                           thread_latch(dst_.index(), capturing()), device_code(src_),
+                                           device_code(dst_), num_bytes_, sb_->stream()));
+      if (pair_ != nullptr) {  // its last reader is the latch kernel
+        if (capturing()) graph_pairs_.push_back(pair_);
+        else give_host_hashes_after(pair_, *sb_);
+        pair_ = nullptr;
+      }
       join();
+      hand_over_to_graph();
       return true;
     }
     // The source hash's stream first (it finished during the copy), then the one that wrote the
@@ -478,26 +244,76 @@ class CudaPath final : public TransferPath {
     else if (sb_capturing_) order(*sa_, *sb_);
   }
 
-  // Where the destination hash goes: the thread's mapped host words, else hashes_[1] on the destination GPU.
-  uint64_t* dst_out() { return on_host_ ? &host_->dst : u64_of(hashes_) + 1; }
+  // A copy captured across two GPUs: the graph's private pool exists on the capturing GPU only, so
+  // what it allocates on the other GPU comes from that GPU's ordinary pool, and replays keep writing
+  // it. Such tensors are kept until the graph is destroyed (hand_over_to_graph).
+  void keep_for_graph(const at::Tensor& t) {
+    if (peer_ && capturing() && t.defined()) graph_tensors_.push_back(t);
+  }
+
+  // Ties what this copy kept to the graph being captured (nothing outside capture).
+  void hand_over_to_graph() {
+    if (graph_tensors_.empty() && graph_pairs_.empty()) return;
+    keep_until_graph_destroyed(sa_capturing_ ? *sa_ : *sb_, std::move(graph_tensors_), std::move(graph_pairs_));
+    graph_tensors_.clear();
+    graph_pairs_.clear();
+  }
+
+  // *out = PXH64(t) on `s` (t's device). Workspaces are allocated on `s` itself (stream-ordered
+  // reuse; in capture across two GPUs, kept for the graph).
+  void hash_on(const CUDAStream& s, const at::Tensor& t, uint64_t* out) {
+    const c10::cuda::CUDAStreamGuard on(s);
+    keep_for_graph(pxh64_into(t, 0, out));
+  }
+
+  // Where the destination hash goes: the thread's mapped host words, else dst_hash_ on the destination GPU.
+  uint64_t* dst_out() { return on_host_ ? &host_->dst : u64_of(dst_hash_); }
 
   // PXH64 of the source on its device, on Sa before the copy, or (beside_) on a side stream Ha that
   // forks from Sa at `fork` (an event recorded on Sa before the copy was queued; null: now). Sets hs_.
+  // The result goes to mapped host memory: the thread's words (sync) or the copy's pair (deferred).
   void hash_src(const at::Tensor& src, cudaEvent_t fork) {
     hs_ = *sa_;
     if (beside_) {
-      hs_ = c10::cuda::getStreamFromPool(false, src_.index());
+      hs_ = side_.acquire(src_.index());
       if (fork != nullptr) wait(*hs_, fork);
       else order(*sa_, *hs_);
       keep_alive_on(src, *hs_);
     }
-    if (on_host_) {
-      hash_on(*hs_, src, &host_->src);
+    hash_on(*hs_, src, on_host_ ? &host_->src : &pair_->src);
+  }
+
+  // Fault injection always writes wrong bytes: where the faulty destination still equals the source,
+  // flip one bit of it (plan.ensure_byte) -- decided from the two PXH64s, each computed on its own
+  // device, so it holds on every route and in every replay of a captured copy.
+  void make_wrong(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan) {
+    uint8_t* byte = bytes_of(dst) + plan.ensure_byte;
+    HostHashes* words = take_host_hashes();
+    if (!dst_.is_cuda()) {  // the copy into host memory has finished: compare on the host
+      uint64_t src_value = 0;
+      if (src_.is_cuda()) {
+        hash_on(*sa_, src, &words->src);
+        host_wait(*sa_);
+        src_value = words->src;
+      }
+      give_host_hashes_now(words);
+      if ((src_.is_cuda() ? src_value : cpu_hash(src)) == cpu_hash(dst)) *byte ^= 1;
       return;
     }
-    const c10::cuda::CUDAStreamGuard on(*hs_);
-    src_hash_ = at::empty({}, src.options().dtype(at::kLong));  // copied next to the destination hash by copy()
-    hash_on(*hs_, src, u64_of(src_hash_));
+    const uint64_t* src_word = nullptr;
+    uint64_t src_value = 0;
+    if (src_.is_cuda()) {
+      hash_on(*sa_, src, &words->src);
+      order(*sa_, *sb_);
+      src_word = &words->src;
+    } else {
+      src_value = cpu_hash(src);
+    }
+    hash_on(*sb_, dst, &words->dst);  // after the copy landed on Sb
+    const c10::cuda::CUDAGuard guard(dst_);
+    C10_CUDA_CHECK(launch_flip_if_equal(src_word, src_value, &words->dst, byte, sb_->stream()));
+    if (capturing()) graph_pairs_.push_back(words);
+    else give_host_hashes_after(words, *sb_);
   }
 
   // Direct GPU -> GPU, on Sb in chunks: for a peer pair the destination's copy engine pulls the bytes,
@@ -528,6 +344,7 @@ class CudaPath final : public TransferPath {
     if (fused || pipelined) {
       const c10::cuda::CUDAStreamGuard on(*sb_);
       acc = at::empty({2}, dst.options().dtype(at::kLong));
+      keep_for_graph(acc);
     }
     if (fused) {
       C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), sb));
@@ -559,7 +376,7 @@ class CudaPath final : public TransferPath {
       if (landed.empty()) {  // one chunk
         C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), sb));
       } else {
-        const CUDAStream hb = c10::cuda::getStreamFromPool(false, dst_.index());
+        const CUDAStream hb = side_.acquire(dst_.index());
         for (size_t k = 0; k < landed.size(); ++k) {
           C10_CUDA_CHECK(cudaStreamWaitEvent(hb.stream(), device_event(dst_.index(), k + 1), 0));
           if (k == 0) C10_CUDA_CHECK(cudaMemsetAsync(acc.data_ptr(), 0, acc.nbytes(), hb.stream()));
@@ -601,12 +418,12 @@ class CudaPath final : public TransferPath {
     StagingPool& pool = staging_pool();
     c10::optional<CUDAStream> ca, cb;
     if (src_.is_cuda()) {
-      ca = c10::cuda::getStreamFromPool(false, src_.index());
+      ca = side_.acquire(src_.index());
       order(*sa_, *ca);
       keep_alive_on(src, *ca);
     }
     if (dst_.is_cuda()) {
-      cb = c10::cuda::getStreamFromPool(false, dst_.index());
+      cb = side_.acquire(dst_.index());
       order(*sb_, *cb);
       keep_alive_on(dst, *cb);
     }
@@ -663,7 +480,12 @@ class CudaPath final : public TransferPath {
           std::memcpy(d, slot.ptr, size_t(n));
         }
       } catch (...) {
-        pool.release(slot.index, nullptr);
+        // The slot's next writer must still wait for what touched it last: the last leg queued here
+        // (its event, if it got one), else the prior reader this copy did not get to wait for.
+        const cudaEvent_t last = read != nullptr ? read : landed != nullptr ? landed : slot.prior_reader;
+        for (cudaEvent_t e : {slot.prior_reader, landed})
+          if (e != nullptr && e != last && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
+        pool.release(slot.index, last);
         throw;
       }
       if (slot.prior_reader) C10_CUDA_CHECK(cudaEventDestroy(slot.prior_reader));
@@ -682,10 +504,13 @@ class CudaPath final : public TransferPath {
   bool on_host_ = false, host_pending_ = false, beside_ = false;
   bool src_hash_in_sb_ = false;  // the source hash was queued on Sa before Sb waited for Sa
   HostHashes* host_ = nullptr;  // sync results (on_host_)
-  at::Tensor hashes_;           // deferred results on the destination GPU: [src hash (a copy), dst hash]
-  at::Tensor src_hash_;         // deferred: the source hash on the source GPU
+  HostHashes* pair_ = nullptr;  // deferred: ->src is the source hash, written by the source GPU
+  at::Tensor dst_hash_;         // deferred: the destination hash on the destination GPU
   uint64_t src_value_ = 0, dst_value_ = 0;  // hashes of CPU ends
   int64_t num_bytes_ = 0;
+  std::vector<at::Tensor> graph_tensors_;  // in capture across two GPUs: kept until the graph is destroyed
+  std::vector<HostHashes*> graph_pairs_;   // in capture: read by every replay, back to the pool with the graph
+  SideStreams side_;                       // pyxfer's own side streams this copy holds (given back with it)
 };
 
 std::unique_ptr<TransferPath> make_cuda_path(const char* op, const at::Tensor& src, at::Device dst) {
@@ -700,7 +525,10 @@ std::unique_ptr<TransferPath> make_cuda_path(const char* op, const at::Tensor& s
   return std::make_unique<CudaPath>(resolve("src.device", src.device()), resolve("device", dst));
 }
 
-const bool registered = (register_cuda_transfer(&make_cuda_path, &take_cuda_errors), true);
+// Any pair with a CUDA end (the CPU <-> CPU pair is csrc/cpu/transfer_cpu.cpp's).
+bool serves(at::DeviceType src, at::DeviceType dst) { return src == at::kCUDA || dst == at::kCUDA; }
+
+const bool registered = register_path_family({&serves, &make_cuda_path, &take_thread_latches});
 
 }  // namespace
 }  // namespace pyxfer

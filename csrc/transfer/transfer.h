@@ -1,7 +1,8 @@
-// Verified transfers: the protocol (csrc/transfer/transfer.cpp) is written once, generic over where
-// the bytes live; a TransferPath supplies the mechanics of one copy between two devices. The host
-// path (CPU <-> CPU) lives beside the protocol; the CUDA path (any end on a GPU) registers itself
-// from csrc/cuda/transfer_cuda.cpp when pyxfer is built with CUDA.
+// Verified transfers: the protocol (csrc/transfer/verified_copy.cpp) is written once, generic over
+// where the bytes live; a TransferPath supplies the mechanics of one copy between two devices. Each
+// family of paths registers itself (register_path_family) from its own file: the host path
+// (CPU <-> CPU) from csrc/cpu/transfer_cpu.cpp, the CUDA path (any end on a GPU) from
+// csrc/cuda/transfer_cuda.cpp when pyxfer is built with CUDA.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,7 +17,6 @@ namespace pyxfer {
 
 enum class Route { kAuto, kDirect, kStaged };
 enum class Verify { kNone, kSync, kDeferred };
-enum class FaultKind { kNone, kZeros, kBitflip, kStale, kTruncate, kShift };
 
 // Device codes used by the health registry, fault selectors and error records: -1 is the CPU,
 // n >= 0 is cuda:n.
@@ -35,6 +35,10 @@ struct CopyPlan {
   bool zero_fill = false;  // write zeros over the whole destination instead of copying
   int64_t flip_byte = -1;  // after the copy, XOR this destination byte with flip_mask
   uint8_t flip_mask = 0;
+  // A fault always writes wrong bytes: if the destination still equals the source after the plan
+  // ran (an all-zero source under zeros, a recycled destination that held the source's bytes),
+  // XOR this destination byte with 1 before it is hashed. -1: nothing to check (no fault, bitflip).
+  int64_t ensure_byte = -1;
 };
 
 // One chunk of a plan: destination bytes [begin, end) and what to do with them.
@@ -81,6 +85,10 @@ class TransferPath {
   virtual bool direct_supported() const = 0;
   // Whether a current stream of either device is capturing a CUDA graph (no host waits allowed).
   virtual bool capturing() const = 0;
+  // While capturing: raises (naming `op`) for what a replay could not repeat with `src` (contiguous or
+  // not) and `verify` -- a CPU end that only the capture would touch, a non-contiguous source whose
+  // contiguous copy would be made once. The protocol checks the route and verify='sync' itself.
+  virtual void check_capturable(const char* op, const at::Tensor& src, Verify verify) const = 0;
   // The destination tensor (contiguous), allocated so that every later step is ordered after it, and
   // whatever `verify` needs beside it.
   virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) = 0;
@@ -94,40 +102,27 @@ class TransferPath {
   virtual bool compare(uint64_t* src_value, uint64_t* dst_value) = 0;
 };
 
-// A mismatch found by a deferred comparison, kept until take_transfer_errors().
-struct TransferErrorRecord {
-  int64_t count = 0;  // mismatches since the last take
-  int64_t src = 0, dst = 0, num_bytes = 0;
-  uint64_t src_hash = 0, dst_hash = 0;
-};
-
 // The checksum op through the dispatcher (runs on t's device, current stream).
 at::Tensor checksum_op(const at::Tensor& t, int64_t seed);
+// PXH64 (seed 0) of a CPU tensor, read straight from the op's 0-dim result (no item() dispatch).
+uint64_t cpu_hash(const at::Tensor& t);
 
-// Registered by the CUDA build. Returns a path for a pair with at least one CUDA end.
-using CudaPathFactory = std::unique_ptr<TransferPath> (*)(const char* op, const at::Tensor& src, at::Device dst);
-using CudaErrorTaker = TransferErrorRecord (*)();
-void register_cuda_transfer(CudaPathFactory factory, CudaErrorTaker taker);
+struct TransferErrors;  // transfer/errors.h
 
-// Host latch for deferred comparisons done on the CPU; shared with the CUDA path for the cases it
-// compares on the host.
-void latch_host_error(int64_t src, int64_t dst, int64_t num_bytes, uint64_t src_hash, uint64_t dst_hash);
-
-// Staging pool settings shared by every staged copy (bytes per slot, number of slots).
-struct StagingConfig {
-  int64_t chunk_bytes;
-  int64_t num_slots;
+// A family of paths: which device pairs it serves and how to make a path for one of them.
+struct PathFamily {
+  bool (*serves)(at::DeviceType src, at::DeviceType dst);
+  // Returns a path for a served pair; validates device indices (messages name `op` and the argument).
+  std::unique_ptr<TransferPath> (*make)(const char* op, const at::Tensor& src, at::Device dst);
+  // Mismatches latched by the calling thread's deferred copies on this family's devices since its
+  // last call, after waiting for the devices that ran them (and its captured graphs' devices); null
+  // where they all go to the host latch (latch_host_error).
+  TransferErrors (*take_errors)();
 };
-StagingConfig staging_config();
-
-// The catch-all ops without tensor arguments (schemas in csrc/torch_bindings.cpp).
-int64_t health_status_op(int64_t src, int64_t dst);
-void health_mark_op(int64_t src, int64_t dst, int64_t state);
-void health_reset_op();
-int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::string_view path, int64_t times,
-                      int64_t seed);
-int64_t fault_pop_op(int64_t id);
-void configure_staging_op(int64_t chunk_bytes, int64_t num_slots);
-std::vector<int64_t> take_transfer_errors_op();
+// Called once per family from a static initializer of the file that implements it (returns true).
+// Registration happens while the library loads, before any op runs: readers take no lock.
+bool register_path_family(const PathFamily& family);
+// The registered families, in registration order.
+const std::vector<PathFamily>& path_families();
 
 }  // namespace pyxfer

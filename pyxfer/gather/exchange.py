@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import record as rec
 from .errors import OP, GatherVerificationError
 from .layouts import Part, as_bytes
-from ..ops import as_uint64
+from ..checksums import as_uint64
 
 _OPTS = None
 

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from .. import formats
-from ..ops import check_tensor
+from .._checks import check_tensor
 from . import layouts
 from . import record as rec
 from .errors import OP, warn_once
@@ -254,7 +254,12 @@ class Plan:
 def quantize_with_group_amax(local: Local, records, world):
     """quantize_as NVFP4 without a global amax: quantize with the max of the shard amaxes (on the
     device, from the gathered records) and build the parts."""
-    local.q = local.spec.quantize(local.x, global_amax=records.max_amax())
+    spec = local.spec
+    # The amax is the group's maximum of the shards' amaxes: data (kept on the device), not an
+    # argument for quantize to check.
+    local.q = formats._quantize(local.x, spec.fmt, rowwise=spec.rowwise, columnwise=spec.columnwise,
+                                fp8_dtype=spec.fp8_dtype, check_amax_tensor=False,
+                                **{**spec.options, "global_amax": records.max_amax()})
     local.parts = layouts.quantized_parts(local.q, local.spec, world)
 
 

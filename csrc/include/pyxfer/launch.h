@@ -57,20 +57,33 @@ cudaError_t launch_pxh64_small(const void* data, uint64_t num_bytes, uint64_t se
 
 namespace pyxfer {
 
-// First mismatch seen by deferred verification, in host memory mapped into every device's address
-// space (written by launch_latch_mismatch, read by the host after the devices synchronized).
-struct TransferLatch {
-  unsigned long long count;    // mismatches since the host last reset it
-  unsigned long long claimed;  // 0 until one mismatch claimed the fields below
+// Mismatches seen by deferred verification, in device memory of the one device whose kernels write
+// it (device-scope atomics: atomic on every host, unlike system-scope atomics on mapped host memory
+// without host-native atomics). The host only reads it, after waiting for the device: it never
+// resets it (a replayed graph may still be writing), it remembers how many it has reported.
+constexpr int kLatchRecords = 16;
+struct TransferLatchRecord {
+  unsigned long long seq;  // i + 1 once mismatch i's fields below are complete; 0 or another value: not
   long long src_device, dst_device, num_bytes;
   unsigned long long src_hash, dst_hash;
 };
+struct TransferLatch {
+  unsigned long long count;                        // mismatches ever latched here (never reset)
+  TransferLatchRecord records[kLatchRecords];  // mismatch i in records[i % kLatchRecords]
+};
 
 // If *dst_hash differs from the source hash (*src_hash, or src_hash_value when src_hash is null),
-// count it in *latch and, for the first one, record the details. One thread, no host wait.
+// count it in *latch (device memory of the current device) and record its details. `src_hash` may be
+// mapped host memory written by another device (read uncached). One thread, no host wait.
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
                                   TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
                                   cudaStream_t stream);
+
+// Fault injection that always writes wrong bytes: if PXH64 `a` (*a, or a_value when a is null) equals
+// PXH64 `b` (*b) -- the faulty destination still equals the source -- *byte ^= 1. `a` and `b` may be
+// mapped host memory written by other devices (read uncached). One thread.
+cudaError_t launch_flip_if_equal(const uint64_t* a, uint64_t a_value, const uint64_t* b, uint8_t* byte,
+                                 cudaStream_t stream);
 
 // *byte ^= mask (fault injection: one flipped bit, written like any other device write).
 cudaError_t launch_xor_byte(uint8_t* byte, uint8_t mask, cudaStream_t stream);

@@ -1,6 +1,5 @@
-// Quantize / dequantize kernels of the quantized formats (FP8 block 1x128 and 128x128, MXFP8, NVFP4)
-// and swap_first_dims. Torch-free; every conversion and scale rule comes from pyxfer/formats.h, so the
-// results are bit-identical to the CPU reference (csrc/cpu/formats_cpu.cpp).
+// Quantize kernels of the quantized formats (FP8 block 1x128 and 128x128, MXFP8, NVFP4) and their
+// launchers (pyxfer/formats_launch.h). Shared device helpers: pyxfer/formats_device.cuh.
 //
 // Quantize: one CTA (256 threads) per 128x128 tile of the [M, K] input, read once with 16-byte loads
 // into registers (64 values per thread), producing the rowwise and the columnwise outputs in the same
@@ -18,13 +17,6 @@
 // lanes of a rowwise block split that work; column blocks are derived once per CTA in shared memory,
 // their multipliers looked up in a per-CTA table of the 256 scale bytes); the clamp to 6 is skipped
 // where no block can reach 7 (kUnclampedBound).
-//
-// Dequantize: row-major data (every rowwise usage, MXFP8 columnwise) decodes 4 chunks of 16 elements
-// per thread, all loads issued first (16-byte or 8-byte loads, 16-byte stores); transposed data
-// (FP8-block and NVFP4 columnwise) goes through shared tiles of 128 rows x 128 bytes, filled by a
-// cp.async pipeline in persistent CTAs (dequantize_transposed_kernel).
-//
-// NOTE: every product that formats.h rounds on its own goes through fmt::mul_rn (no FMA contraction).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -35,61 +27,24 @@
 #include <type_traits>
 
 #include "pyxfer/formats.h"
+#include "pyxfer/formats_device.cuh"
 #include "pyxfer/formats_launch.h"
-#include "pyxfer/resident_blocks.h"
 
 namespace pyxfer {
 namespace {
 
-using fmt::Fp8Kind;
+using formats_device::Bf16;
+using formats_device::decode_fp8_one;
+using formats_device::F16;
+using formats_device::F32;
+using formats_device::Fmt;
+using formats_device::Fp8Kind;
+using formats_device::kThreads;
+using formats_device::kTile;
+using formats_device::swizzle;
+using formats_device::word_of;
 
-constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 128;  // quantize / transposed-dequantize tiles are 128 x 128 elements
-
-// ---------------------------------------------------------------------------------------------------
-// High-precision element types: raw bits travel in 16-byte vectors (uint4).
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
-struct F32 {
-  using Raw = float;
-  static constexpr int kVec = 4;  // elements per 16 bytes
-  static constexpr bool kPacked = false;  // no two-values-per-instruction max (see packed_max)
-  __device__ static float get(const uint4& v, int j) { return __uint_as_float(word_of(v, j)); }
-  __device__ static uint32_t raw_bits(const void* p, int64_t i) {
-    return __float_as_uint(static_cast<const float*>(p)[i]);
-  }
-};
-
-struct Bf16 {
-  static constexpr int kVec = 8;
-  static constexpr bool kPacked = true;
-  __device__ static float from_bits(uint32_t b) { return __uint_as_float(b << 16); }
-  __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
-  __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
-  __device__ static uint16_t to_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-  // to_bits(lo) | to_bits(hi) << 16 in one packed conversion (same RNE rounding).
-  __device__ static uint32_t to_bits2(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return uint32_t(__bfloat16_as_ushort(h.x)) | uint32_t(__bfloat16_as_ushort(h.y)) << 16;
-  }
-};
-
-struct F16 {
-  static constexpr int kVec = 8;
-  static constexpr bool kPacked = true;
-  __device__ static float from_bits(uint32_t b) { return __half2float(__ushort_as_half(static_cast<unsigned short>(b))); }
-  __device__ static float get(const uint4& v, int j) { return from_bits((word_of(v, j >> 1) >> (16 * (j & 1))) & 0xFFFFu); }
-  __device__ static uint32_t raw_bits(const void* p, int64_t i) { return static_cast<const uint16_t*>(p)[i]; }
-  __device__ static uint16_t to_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
-  __device__ static uint32_t to_bits2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return uint32_t(__half_as_ushort(h.x)) | uint32_t(__half_as_ushort(h.y)) << 16;
-  }
-};
 
 // 16-bit inputs (In::kPacked): |x| maxima are taken on the packed words, two values per instruction
 // (abs2: the sign bits cleared; packed_max: max.bf16x2 / max.f16x2, which drop a NaN operand as fmaxf
@@ -151,9 +106,6 @@ __device__ __forceinline__ uint4 load_vector(const void* x, int64_t row, int64_t
 
 // ---------------------------------------------------------------------------------------------------
 // Quantize.
-
-enum class QFmt { kFp8Block1d, kFp8Block2d, kMxfp8, kNvfp4 };
-
 struct QuantParams {
   const void* x;
   int64_t m, k, tiles_k;
@@ -256,18 +208,6 @@ __device__ __forceinline__ uint32_t encode_fp8x2(float lo, float hi, Fp8Kind kin
 #endif
 }
 
-// Two FP8 codes (low byte first) to floats. Exact: every E4M3 / E5M2 value is an fp16 value.
-__device__ __forceinline__ float2 decode_fp8x2(uint32_t pair, Fp8Kind kind) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu),
-                                                    kind == fmt::kE4M3 ? __NV_E4M3 : __NV_E5M2);
-  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
-#else
-  return make_float2(fmt::decode_fp8(uint8_t(pair), kind), fmt::decode_fp8(uint8_t(pair >> 8), kind));
-#endif
-}
-
-__device__ __forceinline__ float decode_fp8_one(uint32_t code, Fp8Kind kind) { return decode_fp8x2(code & 0xFFu, kind).x; }
 
 // The per-tensor factors of NVFP4 from the global amax: s_enc_sixth = RN(S_enc * fl32(1/6)), which
 // fmt::nvfp4_block computes for every block, and s_dec = fl32(1 / S_enc) computed in double.
@@ -307,13 +247,6 @@ __device__ __forceinline__ T* opaque(T* x) {
   asm("" : "+l"(x));
   return x;
 }
-
-// Swizzle of a transposed shared tile of kUnits units (words or 16-byte units) per row: row c keeps its
-// units XOR-permuted by (c / 4) so that lanes reading or writing the same unit of rows 4 apart (quantize:
-// words of different rows; transposed dequantize: 16-byte units of 8 rows per quarter warp) hit
-// different banks.
-template <int kUnits>
-__device__ __forceinline__ int swizzle(int c) { return (c >> 2) & (kUnits - 1); }
 
 // The FP8 codes of y[0..V) (V = 4 or 8) as V / 4 words, code j in byte j % 4 of word j / 4: two
 // conversions of two values each, joined by one byte permute.
@@ -379,14 +312,14 @@ __device__ __forceinline__ float column_block_amax(const float (&col_part)[kGrou
 // else 2 (SM 100 / 120 would spill at 80). NVFP4 from bf16 with 16-byte loads on SM 90: 4 (64
 // registers, no spills there; SM 80 would spill): its E2M1 encodes are issue-bound and gain from the
 // extra warps, 2-6 points of the copy per usage on an H200, where FP8 block and MXFP8 lost up to 1.2
-// (benchmarks/RESULTS.md, run N).
-template <QFmt F, typename In, bool kVecOk>
+// (benchmarks/runs/N).
+template <Fmt F, typename In, bool kVecOk>
 constexpr int quantize_min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-  if (F == QFmt::kNvfp4 && std::is_same<In, Bf16>::value && kVecOk) return 4;
+  if (F == Fmt::kNvfp4 && std::is_same<In, Bf16>::value && kVecOk) return 4;
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
-  return (std::is_same<In, Bf16>::value && (F != QFmt::kMxfp8 || kVecOk)) ? 3 : 2;
+  return (std::is_same<In, Bf16>::value && (F != Fmt::kMxfp8 || kVecOk)) ? 3 : 2;
 #else
   return 2;
 #endif
@@ -416,7 +349,7 @@ __device__ __forceinline__ void quantize_tile_of(const QuantParams& p, int64_t f
 
 // kInterior: every CTA's tile lies wholly inside x and x takes 16-byte loads (kVecOk), so that the
 // bounds checks of every load and store fold away at compile time (launched separately from the edge tiles).
-template <QFmt F, typename In, bool kVecOk, bool kInterior>
+template <Fmt F, typename In, bool kVecOk, bool kInterior>
 __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>())
     quantize_tile_kernel(const QuantParams p, int64_t full_m, int64_t full_k, int64_t m_tile0) {
   static_assert(kVecOk || !kInterior, "interior tiles take 16-byte loads");
@@ -425,14 +358,14 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   constexpr int kGroupsPerWarp = 32 / kLanesPerRow;
   constexpr int NI = 16 / kGroupsPerWarp;  // consecutive rows per thread: 16 or 8
   constexpr int kGroups = kTile / NI;      // row groups per tile: 8 or 16
-  constexpr bool kFp8Block = F == QFmt::kFp8Block1d || F == QFmt::kFp8Block2d;
-  constexpr int kBlock = F == QFmt::kMxfp8 ? fmt::kMxfp8BlockLen : (F == QFmt::kNvfp4 ? fmt::kNvfp4BlockLen : kTile);
-  constexpr int kOutWords = F == QFmt::kNvfp4 ? 16 : 32;  // words per row of the transposed tile
+  constexpr bool kFp8Block = F == Fmt::kFp8Block1d || F == Fmt::kFp8Block2d;
+  constexpr int kBlock = F == Fmt::kMxfp8 ? fmt::kMxfp8BlockLen : (F == Fmt::kNvfp4 ? fmt::kNvfp4BlockLen : kTile);
+  constexpr int kOutWords = F == Fmt::kNvfp4 ? 16 : 32;  // words per row of the transposed tile
   // NVFP4: a 16-element row block spans kBlockLanes lanes, each of which derives the block scales of
   // kOwnRows of the NI rows (see the rowwise part); a column block is one of kColBlocks per column.
-  constexpr int kBlockLanes = F == QFmt::kNvfp4 ? kBlock / V : 1;  // 2 or 4
+  constexpr int kBlockLanes = F == Fmt::kNvfp4 ? kBlock / V : 1;  // 2 or 4
   constexpr int kOwnRows = NI / kBlockLanes;
-  constexpr int kColBlocks = F == QFmt::kNvfp4 ? kTile / kBlock : 1;
+  constexpr int kColBlocks = F == Fmt::kNvfp4 ? kTile / kBlock : 1;
 
   __shared__ __align__(16) float col_part[kGroups][kTile];
   __shared__ uint32_t out_tile[kTile * kOutWords];
@@ -454,9 +387,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // loads and stores then take whole rows, so that the 4-byte stores of a half warp write one row's whole
   // sectors (ncu, run L: L2 write requests of the both-usage kernel 6.2M -> 4.2M per 256 MiB with the
   // column scales below), without the 40 selects that moved permuted slots to and from rows (run M).
-  constexpr bool kSelectRows = F == QFmt::kNvfp4 && kBlockLanes == 2;
-  const int own_row0 = F == QFmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
-  const int perm = F == QFmt::kNvfp4 && rowwise && !kSelectRows ? own_row0 : 0;
+  constexpr bool kSelectRows = F == Fmt::kNvfp4 && kBlockLanes == 2;
+  const int own_row0 = F == Fmt::kNvfp4 ? (lane % kBlockLanes) * kOwnRows : 0;
+  const int perm = F == Fmt::kNvfp4 && rowwise && !kSelectRows ? own_row0 : 0;
 
   // This thread's rows inside the matrix: those below rows_here (row offsets from row0).
   const int rows_here = kInterior ? NI : int(p.m - (m0 + row0) < NI ? (p.m - (m0 + row0) > 0 ? p.m - (m0 + row0) : 0) : NI);
@@ -466,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     // One base address, a 64-bit add per row. The loads go through L2 with its default eviction policy
     // (ld.global.cg, not L1): x is read once, but loads marked evict-first (ld.global.cs) made every
     // usage slower, the transposed ones most (NVFP4 columnwise quantize at 1 GiB: 75.6% of the copy with
-    // .cs, 82.7% with .cg; benchmarks/RESULTS.md, run M).
+    // .cs, 82.7% with .cg; benchmarks/runs/M).
     if (kVecOk) {
       const int64_t stride = p.k * (16 / V);  // bytes per row of x
       const char* base = opaque(static_cast<const char*>(p.x) + (m0 + row0) * stride + gc * (16 / V));
@@ -489,11 +422,11 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // NVFP4 columnwise (and both usages): the per-tensor factors, and the multiplier of every scale byte
   // (nvfp4_table), filled while the loads are in flight and read after the barrier below. Rowwise
   // alone, 4 blocks per thread, divides per block and takes the factors after the barrier (before
-  // it, and with the table, it ran 2 points of the copy slower: benchmarks/RESULTS.md, run L).
-  __shared__ float nvfp4_table[F == QFmt::kNvfp4 ? kNvfp4Scales : 1];
-  const float* nvfp4_multiplier_of = F == QFmt::kNvfp4 && columnwise ? nvfp4_table : nullptr;
+  // it, and with the table, it ran 2 points of the copy slower: benchmarks/runs/L).
+  __shared__ float nvfp4_table[F == Fmt::kNvfp4 ? kNvfp4Scales : 1];
+  const float* nvfp4_multiplier_of = F == Fmt::kNvfp4 && columnwise ? nvfp4_table : nullptr;
   Nvfp4TensorScales nvfp4{1.0f, 1.0f};
-  if (F == QFmt::kNvfp4 && columnwise) {
+  if (F == Fmt::kNvfp4 && columnwise) {
     nvfp4 = nvfp4_tensor_scales(*p.global_amax);
     static_assert(kNvfp4Scales <= kThreads, "one table entry per thread");
     if (threadIdx.x < kNvfp4Scales) nvfp4_table[threadIdx.x] = nvfp4_multiplier_fast(uint8_t(threadIdx.x), nvfp4.s_dec);
@@ -505,13 +438,13 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // whose blocks all scale below kUnclampedBound skip their clamp (pack_e2m1).
   float cpart[V];
   bool nan_here = false;
-  if (F == QFmt::kNvfp4 && columnwise) {
+  if (F == Fmt::kNvfp4 && columnwise) {
     column_abs_max<In, true>(raw, v, cpart);
 #pragma unroll
     for (int j = 0; j < V; ++j) nan_here |= isnan(cpart[j]);
   }
-  if (F != QFmt::kNvfp4 || nan_here) column_abs_max<In, false>(raw, v, cpart);
-  if (F == QFmt::kFp8Block2d) {
+  if (F != Fmt::kNvfp4 || nan_here) column_abs_max<In, false>(raw, v, cpart);
+  if (F == Fmt::kFp8Block2d) {
     float a = cpart[0];
 #pragma unroll
     for (int j = 1; j < V; ++j) a = fmaxf(a, cpart[j]);
@@ -526,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   __syncthreads();
 
   float tile_scale = 1.0f;
-  if (F == QFmt::kFp8Block2d) {
+  if (F == Fmt::kFp8Block2d) {
     float a = warp_amax[0];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) a = fmaxf(a, warp_amax[w]);
@@ -538,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
   }
 
-  if (F == QFmt::kNvfp4 && !columnwise) nvfp4 = nvfp4_tensor_scales(*p.global_amax);
+  if (F == Fmt::kNvfp4 && !columnwise) nvfp4 = nvfp4_tensor_scales(*p.global_amax);
 
   // ---- MXFP8 columnwise (not transposed: written row by row next to the rowwise data). The tile's
   // kTile x kMxColBlocks column blocks (kBlock rows along M) each get their scale from one thread,
@@ -546,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // shared through shared memory (not derived again by each of a block's row groups), and the scale
   // bytes of a block row leave from consecutive threads.
   float mx_col_multiplier[V];
-  if (F == QFmt::kMxfp8 && columnwise) {
+  if (F == Fmt::kMxfp8 && columnwise) {
     constexpr int kMxColBlocks = kTile / kBlock;
     constexpr int kPerThread = kTile * kMxColBlocks / kThreads;
     constexpr int kGroupsPerBlock = kBlock / NI;
@@ -573,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // shuffles; lane i of the group keeps it and derives row i's multiplier and scale once (NI <=
   // kLanesPerRow), instead of every lane doing the division for every row. Broadcast in the row loop.
   float row_multiplier = 1.0f;
-  if (F == QFmt::kFp8Block1d && rowwise) {
+  if (F == Fmt::kFp8Block1d && rowwise) {
     static_assert(NI <= kLanesPerRow, "one lane per row of the group");
     const int mine = lane % kLanesPerRow;
     float amax_mine = 0.0f;
@@ -600,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // (each ends with the amaxes of its own kOwnRows rows, rows own_row0 + s, in slots [0, kOwnRows)),
   // derive those blocks' scales once, and all-gather the multipliers (by slot): kOwnRows blocks per
   // lane, not NI, and fewer shuffles.
-  if (F == QFmt::kNvfp4 && rowwise) {
+  if (F == Fmt::kNvfp4 && rowwise) {
     float amax[NI];
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
@@ -682,10 +615,10 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   // ---- MXFP8 rowwise: the kMxLanes lanes of a row block all hold the block amax of each of the NI
   // rows after the shuffles; lane q keeps those of rows [q * kOwn, q * kOwn + kOwn) and derives their
   // scales and multipliers once (not every lane for every row). Broadcast in the row loop.
-  constexpr int kMxLanes = F == QFmt::kMxfp8 ? kBlock / V : 1;  // 4 or 8
+  constexpr int kMxLanes = F == Fmt::kMxfp8 ? kBlock / V : 1;  // 4 or 8
   constexpr int kOwn = NI / kMxLanes;                             // 2
   float mx_row_multiplier[kOwn];
-  if (F == QFmt::kMxfp8 && rowwise) {
+  if (F == Fmt::kMxfp8 && rowwise) {
     const int q = lane % kMxLanes;
     float own[kOwn];
 #pragma unroll
@@ -711,16 +644,16 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   }
 
   // ---- rowwise (FP8 block, MXFP8): blocks of kBlock elements along K = kBlock / V lanes.
-  if (F != QFmt::kNvfp4 && (rowwise || (F == QFmt::kMxfp8 && columnwise))) {
+  if (F != Fmt::kNvfp4 && (rowwise || (F == Fmt::kMxfp8 && columnwise))) {
     const bool vec_store = kInterior || p.k % V == 0;
     // Row i's bytes at base + i * k (a 64-bit add per row, as the loads): rowwise and MXFP8 columnwise data.
     const int64_t first = (m0 + row0) * p.k + gc;
     uint8_t* row_base = rowwise ? opaque(p.row_data + first) : nullptr;
-    uint8_t* col_base = F == QFmt::kMxfp8 && columnwise ? opaque(p.col_data + first) : nullptr;
+    uint8_t* col_base = F == Fmt::kMxfp8 && columnwise ? opaque(p.col_data + first) : nullptr;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       const bool valid = i < rows_here && col_valid > 0;
-      if (F == QFmt::kMxfp8 && columnwise) {
+      if (F == Fmt::kMxfp8 && columnwise) {
         float y[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) y[j] = fmt::mul_rn(v[i][j], mx_col_multiplier[j]);
@@ -730,9 +663,9 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
       }
       if (!rowwise) continue;
       float multiplier;
-      if (F == QFmt::kMxfp8) {
+      if (F == Fmt::kMxfp8) {
         multiplier = __shfl_sync(0xffffffffu, mx_row_multiplier[i % kOwn], (lane & ~(kMxLanes - 1)) | (i / kOwn));
-      } else if (F == QFmt::kFp8Block1d) {
+      } else if (F == Fmt::kFp8Block1d) {
         multiplier = __shfl_sync(0xffffffffu, row_multiplier, (lane & ~(kLanesPerRow - 1)) | i);
       } else {
         multiplier = tile_scale;
@@ -746,12 +679,12 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
     }
   }
 
-  if (!columnwise || F == QFmt::kMxfp8) return;  // uniform across the CTA
+  if (!columnwise || F == Fmt::kMxfp8) return;  // uniform across the CTA
 
   if constexpr (kFp8Block) {
     // Transposed FP8 bytes: tile row c = column col0 + j, words (m / 4) of 4 consecutive rows.
     float multiplier[V];
-    if (F == QFmt::kFp8Block1d) {
+    if (F == Fmt::kFp8Block1d) {
       // One 128-row block per column: thread c < 128 reduces column c over all row groups and derives
       // its multiplier and scale once (not once per row group); the others read it from shared memory.
       __shared__ float col_multiplier[kTile];
@@ -781,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
         out_tile[c * kOutWords + (q ^ swizzle<kOutWords>(c))] = w;
       }
     }
-  } else if constexpr (F == QFmt::kNvfp4) {  // nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
+  } else if constexpr (F == Fmt::kNvfp4) {  // nibbles packed along M, tile row c = column col0 + j, words of 8 consecutive rows
     // The 128 x kColBlocks column blocks' scales, kPerThread consecutive blocks of one column per
     // thread: derived once (not by every row group of a block) and shared through shared memory.
     constexpr int kPerThread = kTile * kColBlocks / kThreads;
@@ -857,8 +790,8 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
   const int c0 = threadIdx.x / kOutWords, q = threadIdx.x % kOutWords;
   const uint32_t* tile_row = out_tile + c0 * kOutWords;
   const int q_swizzled = q ^ swizzle<kOutWords>(c0);
-  const int64_t out_row_bytes = F == QFmt::kNvfp4 ? p.m / 2 : p.m;  // bytes per row of col_data
-  const int64_t off = (F == QFmt::kNvfp4 ? m0 / 2 : m0) + 4 * q;
+  const int64_t out_row_bytes = F == Fmt::kNvfp4 ? p.m / 2 : p.m;  // bytes per row of col_data
+  const int64_t off = (F == Fmt::kNvfp4 ? m0 / 2 : m0) + 4 * q;
   const bool word_store = out_row_bytes % 4 == 0;
   const int64_t rows_left = p.k - (k0 + c0);  // tile rows c0 + r with r < rows_left are inside
   uint8_t* dst0 = opaque(p.col_data + (k0 + c0) * out_row_bytes + off);
@@ -880,7 +813,7 @@ __global__ void __launch_bounds__(kThreads, quantize_min_blocks<F, In, kVecOk>()
 // With 16-byte loads, the tiles wholly inside x (2-D grids of at most 65535 tile rows each) and the
 // others (a partial last tile row / column) are separate launches; without, one launch of the general
 // kernel covers every tile.
-template <QFmt F, typename In>
+template <Fmt F, typename In>
 cudaError_t launch_quantize_tiles(const QuantParams& p, bool vec_ok, cudaStream_t stream) {
   const int64_t tiles = fmt::cdiv(p.m, int64_t(kTile)) * p.tiles_k;
   if (tiles > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
@@ -898,7 +831,7 @@ cudaError_t launch_quantize_tiles(const QuantParams& p, bool vec_ok, cudaStream_
   return cudaGetLastError();
 }
 
-template <QFmt F>
+template <Fmt F>
 cudaError_t launch_quantize(QuantParams p, HighPrecision dtype, cudaStream_t stream) {
   if (p.m == 0 || p.k == 0) return cudaSuccess;
   p.tiles_k = fmt::cdiv(p.k, kTile);
@@ -910,520 +843,6 @@ cudaError_t launch_quantize(QuantParams p, HighPrecision dtype, cudaStream_t str
   }
   return cudaErrorInvalidValue;
 }
-
-// ---------------------------------------------------------------------------------------------------
-// Dequantize.
-
-enum class DFmt { kFp8Block1d, kFp8Block2d, kMxfp8, kNvfp4 };
-
-struct DequantParams {
-  const uint8_t* data;
-  const void* scale;
-  int64_t scale_cols;
-  const float* amax;  // NVFP4
-  int64_t m, k, tiles_m, tiles_k;  // tiles_*: the transposed kernel's, along the data rows / columns
-  Fp8Kind kind;
-  bool columnwise;
-  void* out;
-};
-
-// Writes `count` (<= 4) results at out[offset]; 16-byte / 8-byte stores when `vec`. The dequantize
-// kernels' results are written once and not read back here: streaming stores (st.global.cs, as in
-// store_out16_pair). With plain stores the transposed kernel's writes to fp32 went through L2 at 2.4x
-// their sectors, at 52% of DRAM peak (ncu, 8192 x 16384 columnwise to fp32: FP8 1x128 260 -> 183 us,
-// NVFP4 208 -> 166 us; rowwise: FP8 1x128 209 -> 190 us, NVFP4 182 -> 170 us; to bf16 unchanged).
-template <typename Out>
-__device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&r)[4], int count, bool vec);
-
-template <>
-__device__ __forceinline__ void store_out4<F32>(void* out, int64_t offset, const float (&r)[4], int count, bool vec) {
-  float* o = static_cast<float*>(out) + offset;
-  if (vec && count == 4) {
-    __stcs(reinterpret_cast<float4*>(o), make_float4(r[0], r[1], r[2], r[3]));
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (j < count) o[j] = r[j];
-}
-
-template <typename Out>
-__device__ __forceinline__ void store_out4(void* out, int64_t offset, const float (&r)[4], int count, bool vec) {
-  uint16_t* o = static_cast<uint16_t*>(out) + offset;
-  if (vec && count == 4) {
-    uint2 w;
-    w.x = Out::to_bits2(r[0], r[1]);
-    w.y = Out::to_bits2(r[2], r[3]);
-    __stcs(reinterpret_cast<uint2*>(o), w);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (j < count) o[j] = Out::to_bits(r[j]);
-}
-
-// Decode factor of the block holding element (m, k) of row-major data (rowwise, or MXFP8 columnwise).
-template <DFmt F>
-__device__ __forceinline__ float row_major_factor(const DequantParams& p, int64_t m, int64_t k, float amax) {
-  if (F == DFmt::kFp8Block1d) return static_cast<const float*>(p.scale)[(k / kTile) * p.scale_cols + m];
-  if (F == DFmt::kFp8Block2d) return static_cast<const float*>(p.scale)[(m / kTile) * p.scale_cols + k / kTile];
-  const uint8_t* s = static_cast<const uint8_t*>(p.scale);
-  if (F == DFmt::kMxfp8) {
-    return fmt::e8m0_value(p.columnwise ? s[(m / fmt::kMxfp8BlockLen) * p.scale_cols + k]
-                                        : s[m * p.scale_cols + k / fmt::kMxfp8BlockLen]);
-  }
-  return fmt::nvfp4_decode_factor(s[m * p.scale_cols + k / fmt::kNvfp4BlockLen], amax);
-}
-
-// E2M1 code (the low 4 bits of `code`) to float, bit-identical to fmt::decode_e2m1 for all 16 codes:
-// the magnitude bits e1 e0 m placed at fp32 bits 24..22 read as 2^(e - 127) * (1 + m / 2) (e >= 1) or
-// the subnormal 2^-127 (e = 0, m = 1), so one exact multiply by 2^126 gives 2^(e - 1) * (1 + m / 2),
-// 0.5 and 0 (NVFP4 dequantize is ALU-bound on SM 90: two shifts, one LOP3 and a multiply per element).
-__host__ __device__ __forceinline__ float decode_e2m1_fast(uint32_t code) {
-  const uint32_t bits = ((code << 22) & 0x01C00000u) | ((code << 28) & 0x80000000u);
-  return fmt::mul_rn(fmt::bits_float(bits), 0x1p126f);
-}
-
-// Stores the 16 results of this lane's chunk, whose 16 * sizeof(Out) bytes at out[offset] sit right
-// after those of lane - 1 (odd lanes) or right before those of lane + 1 (even lanes): the two lanes
-// swap half of their 16-byte pieces so that each of their store instructions writes one whole 32-byte
-// sector (storing its own 32 or 64 bytes, a lane writes half sectors: twice the L2 sector writes; the
-// rows kernels ran at 85-92% of L2 throughput and 57-69% of DRAM's, now 72-77% of DRAM's, RESULTS run I).
-// `paired`: both chunks exist; otherwise the even lane stores its own chunk and the odd one nothing.
-template <typename Out>
-__device__ __forceinline__ void store_out16_pair(void* out, int64_t offset, const float (&r)[16], bool odd, bool paired) {
-  constexpr int kWords = std::is_same<Out, F32>::value ? 16 : 8;  // 32-bit words of the 16 results
-  constexpr int kPieces = kWords / 4;                              // 16-byte pieces per chunk (2 or 4)
-  uint32_t w[kWords];
-#pragma unroll
-  for (int j = 0; j < kWords; ++j) {
-    if constexpr (std::is_same<Out, F32>::value) w[j] = __float_as_uint(r[j]);
-    else w[j] = Out::to_bits2(r[2 * j], r[2 * j + 1]);
-  }
-  // Each lane keeps the pieces whose index has its parity and sends the others, in order.
-  const unsigned mask = 3u << (threadIdx.x & 30u);
-  uint32_t got[kWords / 2];
-#pragma unroll
-  for (int h = 0; h < kPieces / 2; ++h) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      got[4 * h + j] = __shfl_xor_sync(mask, odd ? w[4 * (2 * h) + j] : w[4 * (2 * h + 1) + j], 1);
-  }
-  const auto piece = [](const uint32_t* a, int q) { return make_uint4(a[4 * q], a[4 * q + 1], a[4 * q + 2], a[4 * q + 3]); };
-  uint4* own = reinterpret_cast<uint4*>(static_cast<uint8_t*>(out) + offset * int64_t(sizeof(uint32_t) * kWords / 16));
-  if (!paired) {
-    if (!odd) {
-#pragma unroll
-      for (int q = 0; q < kPieces; ++q) __stcs(own + q, piece(w, q));
-    }
-    return;
-  }
-  // Store s writes the pair's sector s: piece 2s from the even lane, piece 2s + 1 from the odd one
-  // (pieces 0 .. kPieces - 1 are the even lane's, the rest the odd lane's).
-  uint4* pair_start = own - (odd ? kPieces : 0);
-#pragma unroll
-  for (int s = 0; s < kPieces; ++s) {
-    const uint4 v = odd ? (2 * s + 1 < kPieces ? piece(got, s) : piece(w, 2 * s + 1 - kPieces))
-                        : (2 * s < kPieces ? piece(w, 2 * s) : piece(got, s - kPieces / 2));
-    __stcs(pair_start + 2 * s + (odd ? 1 : 0), v);
-  }
-}
-
-// Row-major data, 16 consecutive elements (a "chunk") per thread and kRowsUnroll chunks per thread,
-// kThreads chunks apart: all the data loads of a thread are issued before any decode (bytes in flight).
-// Needs k % 16 == 0, data aligned to 16 bytes (FP8) or 8 bytes (NVFP4) and out to 16 bytes; 16
-// elements never straddle a block (blocks are 16, 32 or 128 long). `idx32`: num_chunks < 2^32, so the
-// row / column split uses 32-bit division. `vec_scale`: the MXFP8 columnwise scales are 16-byte aligned
-// (16 per-column scale bytes of a chunk are one load). `kPerElement`: MXFP8 columnwise, whose scale
-// [m / 32, k] has one byte per column.
-constexpr int kRowsUnroll = 4;
-
-template <DFmt F, typename Out, bool kPerElement>
-__global__ void __launch_bounds__(kThreads, F == DFmt::kMxfp8 ? 4 : 5) dequantize_rows_kernel(const DequantParams p, int64_t num_chunks,
-                                                                    bool idx32, bool vec_scale) {
-  constexpr bool kFp4 = F == DFmt::kNvfp4;
-  const int64_t base = int64_t(blockIdx.x) * (kThreads * kRowsUnroll) + threadIdx.x;
-  uint4 raw[kRowsUnroll];
-#pragma unroll
-  for (int u = 0; u < kRowsUnroll; ++u) {
-    const int64_t chunk = base + int64_t(u) * kThreads;
-    raw[u] = make_uint4(0, 0, 0, 0);
-    if (chunk < num_chunks) {
-      if (kFp4) {
-        const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p.data) + chunk);
-        raw[u].x = w.x;
-        raw[u].y = w.y;
-      } else {
-        raw[u] = __ldcs(reinterpret_cast<const uint4*>(p.data) + chunk);
-      }
-    }
-  }
-  const float amax = kFp4 ? *p.amax : 0.0f;
-  const int64_t chunks_per_row = p.k / 16;
-  auto position = [&](int64_t chunk, int64_t& m, int64_t& k) {
-    if (idx32) {
-      const uint32_t c = uint32_t(chunk), cpr = uint32_t(chunks_per_row);
-      const uint32_t mm = c / cpr;
-      m = mm;
-      k = int64_t(c - mm * cpr) * 16;
-    } else {
-      m = chunk / chunks_per_row;
-      k = (chunk - m * chunks_per_row) * 16;
-    }
-  };
-  // Per-element scales (16 bytes a chunk) are loaded for every chunk before any store: stores may alias
-  // them as far as the compiler knows, so loads left behind a store wait one by one (MXFP8 columnwise
-  // dequantize: 69% -> 86% of the copy, RESULTS run H). One factor per chunk stays in the loop (hoisting
-  // it measured slower).
-  uint32_t sw[kRowsUnroll][4] = {};
-  if (kPerElement) {
-#pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
-      const int64_t chunk = base + int64_t(u) * kThreads;
-      if (chunk >= num_chunks) break;
-      int64_t m, k;
-      position(chunk, m, k);
-      const uint8_t* s = static_cast<const uint8_t*>(p.scale) + (m / fmt::kMxfp8BlockLen) * p.scale_cols + k;
-      if (vec_scale) {
-        const uint4 v = *reinterpret_cast<const uint4*>(s);
-        sw[u][0] = v.x;
-        sw[u][1] = v.y;
-        sw[u][2] = v.z;
-        sw[u][3] = v.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          sw[u][j] = uint32_t(s[4 * j]) | uint32_t(s[4 * j + 1]) << 8 | uint32_t(s[4 * j + 2]) << 16 |
-                     uint32_t(s[4 * j + 3]) << 24;
-      }
-    }
-  }
-  const bool odd = threadIdx.x & 1;  // lanes 2i and 2i + 1 hold adjacent chunks and store together
-#pragma unroll
-  for (int u = 0; u < kRowsUnroll; ++u) {
-    const int64_t chunk = base + int64_t(u) * kThreads;
-    if ((chunk & ~int64_t(1)) >= num_chunks) break;  // both lanes of a pair go on or stop together
-    const bool valid = chunk < num_chunks;  // false for an odd lane just past the end (nothing stored)
-    int64_t m, k;
-    position(valid ? chunk : chunk - 1, m, k);
-    float value[16];
-    if (kFp4) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) value[j] = decode_e2m1_fast((j < 8 ? raw[u].x : raw[u].y) >> (4 * (j % 8)));
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {
-        const float2 d = decode_fp8x2(word_of(raw[u], j / 4) >> (8 * (j % 4)), p.kind);
-        value[j] = d.x;
-        value[j + 1] = d.y;
-      }
-    }
-    float r[16];
-    if (kPerElement) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) r[j] = fmt::mul_rn(value[j], fmt::e8m0_value(uint8_t(sw[u][j / 4] >> (8 * (j % 4)))));
-    } else {
-      const float factor = row_major_factor<F>(p, m, k, amax);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) r[j] = fmt::mul_rn(value[j], factor);
-    }
-    store_out16_pair<Out>(p.out, 16 * chunk, r, odd, (chunk | 1) < num_chunks);
-  }
-}
-
-// Any shape and alignment: one element per thread (FP8 block with k % 16 != 0, misaligned data).
-template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads) dequantize_elements_kernel(const DequantParams p, int64_t count) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= count) return;
-  const int64_t m = i / p.k, k = i - m * p.k;
-  const float amax = F == DFmt::kNvfp4 ? *p.amax : 0.0f;
-  float value;
-  if (F == DFmt::kNvfp4) {
-    const uint8_t byte = p.data[i / 2];
-    value = fmt::decode_e2m1(uint8_t((k & 1) ? byte >> 4 : byte & 0xFu));
-  } else {
-    value = decode_fp8_one(p.data[i], p.kind);
-  }
-  const float r[4] = {fmt::mul_rn(value, row_major_factor<F>(p, m, k, amax)), 0.0f, 0.0f, 0.0f};
-  store_out4<Out>(p.out, i, r, 1, false);
-}
-
-// Transposed data (FP8 block columnwise [K, M], NVFP4 columnwise [K, M/2]) to out [M, K], in tiles of
-// 128 (k) x 128 bytes of each data row (128 values of m for FP8, 256 for NVFP4), written as coalesced
-// output rows. Persistent CTAs walk the tiles and stage them in shared memory through a
-// kTransposedStages-deep cp.async pipeline, so that the next tiles' loads are in flight while one is
-// decoded and stored (with one tile per CTA, load, barrier, then decode: the kernel was latency-bound
-// at 61% of the copy, DRAM 51% busy). Warp w decodes 16-byte unit w of every column of the tile (16 values of m for FP8,
-// 32 for NVFP4), lane l its columns 4l .. 4l + 3. NVFP4's scale bytes travel in the same pipeline
-// (staged_scales): read from global memory by each lane (8 bytes from 8 scale rows per thread and tile,
-// behind the thread's own stores), they held its columnwise dequantize at 69% of the copy.
-constexpr int kTransposedStages = 3;
-constexpr int kTransposedMinBlocks = 4;  // CTAs per SM: 64 registers, 4 x 48 (NVFP4: 54) KB of shared memory
-constexpr int kTransposedUnits = kTile / 16;  // 16-byte units per tile row
-
-// 16-byte units of one pipeline stage: the data tile, then for NVFP4 the tile's scale bytes (the 16
-// blocks of the tile's 256 values of m, one unit per column); and the shared memory of all stages.
-template <DFmt F>
-__host__ __device__ constexpr int transposed_stage_units() { return kTile * kTransposedUnits + (F == DFmt::kNvfp4 ? kTile : 0); }
-template <DFmt F>
-__host__ __device__ constexpr int transposed_smem_bytes() { return kTransposedStages * transposed_stage_units<F>() * 16; }
-
-// Where column c's scale unit sits in a stage: the 32 lanes of a warp read one word of columns
-// 4l + j (j fixed), which unswizzled would fall on 2 banks (16-way conflicts), swizzled on 8 (4-way).
-__device__ __forceinline__ int scale_slot(int c) { return c ^ swizzle<4>(c >> 1); }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
-
-// Tile t's (mt, kt): its 128-byte column block of the data rows and its 128-row block of them. NVFP4
-// walks mt fastest, so that the tiles in flight together read whole data rows (ncu, columnwise
-// dequantize to bf16: 1 GiB 436 -> 413 us, 256 MiB 103 -> 101 us); FP8 block walks kt fastest (its
-// 1 GiB case measured 451 against 455 us the other way).
-template <DFmt F>
-__device__ __forceinline__ void transposed_tile_coords(const DequantParams& p, int64_t t, int64_t& mt, int64_t& kt) {
-  if (F == DFmt::kNvfp4) mt = t % p.tiles_m, kt = t / p.tiles_m;
-  else mt = t / p.tiles_k, kt = t % p.tiles_k;
-}
-
-// Queues the loads of tile `t` into `stage`; bytes outside the data read as zero. `async_loads`: rows
-// of 16-byte multiples at a 16-byte aligned base (units fully in or out), else byte loads.
-// `staged_scales` (NVFP4, scale_cols % 16 == 0 at a 16-byte aligned base): the tile's scale units too.
-template <DFmt F>
-__device__ __forceinline__ void load_transposed_tile(const DequantParams& p, int64_t t, uint4* stage, bool async_loads,
-                                                     bool staged_scales) {
-  const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
-  int64_t mt, kt;
-  transposed_tile_coords<F>(p, t, mt, kt);
-  const int64_t k0 = kt * kTile, byte0 = mt * kTile;
-#pragma unroll
-  for (int n = 0; n < kTile * kTransposedUnits / kThreads; ++n) {
-    const int idx = n * kThreads + threadIdx.x;
-    const int c = idx / kTransposedUnits, u = idx % kTransposedUnits;
-    const int64_t kk = k0 + c, off = byte0 + 16 * u;
-    uint4* dst = stage + c * kTransposedUnits + (u ^ swizzle<kTransposedUnits>(c));
-    const bool inside = kk < p.k && off < row_bytes;
-    if (async_loads) {
-      cp_async16(dst, inside ? p.data + kk * row_bytes + off : p.data, inside ? 16 : 0);
-    } else {
-      uint32_t w[4] = {0, 0, 0, 0};
-      if (kk < p.k) {
-        const uint8_t* src = p.data + kk * row_bytes;
-#pragma unroll
-        for (int b = 0; b < 16; ++b)
-          if (off + b < row_bytes) w[b / 4] |= uint32_t(src[off + b]) << (8 * (b % 4));
-      }
-      *dst = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-  if (F == DFmt::kNvfp4 && staged_scales && threadIdx.x < kTile) {
-    // Column k0 + c's 16 bytes from block byte0 / 8 (two values of m per byte): inside its scale row,
-    // as the rows are padded to 128 (k) and scale_cols is a multiple of 16.
-    const int c = threadIdx.x;
-    cp_async16(stage + kTile * kTransposedUnits + scale_slot(c),
-               static_cast<const uint8_t*>(p.scale) + (k0 + c) * p.scale_cols + byte0 / 8, 16);
-  }
-}
-
-// Decodes and stores this thread's part of tile `t` from `stage`.
-template <DFmt F, typename Out>
-__device__ __forceinline__ void store_transposed_tile(const DequantParams& p, int64_t t, const uint4* stage,
-                                                      bool staged_scales) {
-  constexpr bool kFp4 = F == DFmt::kNvfp4;
-  constexpr int kRowsPerWord = kFp4 ? 8 : 4;  // values of m in one 32-bit word of a data row
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int64_t mt, kt;
-  transposed_tile_coords<F>(p, t, mt, kt);
-  const int64_t first_row = mt * (kFp4 ? 2 * kTile : kTile) + warp * 4 * kRowsPerWord;  // this warp's rows
-  const int64_t kc = kt * kTile + 4 * lane;  // this thread's 4 columns of out
-  if (first_row >= p.m || kc >= p.k) return;
-  const int count = p.k - kc >= 4 ? 4 : int(p.k - kc);
-  const bool vec = p.k % 4 == 0;
-  uint4 v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = 4 * lane + j;
-    v[j] = stage[c * kTransposedUnits + (warp ^ swizzle<kTransposedUnits>(c))];
-  }
-  // NVFP4: two 16-row scale blocks per warp (bytes 2w and 2w + 1 of a column's 16 in the tile); FP8
-  // block: one factor per column for all 16 rows. All read before any store.
-  constexpr int kBlocks = kFp4 ? 2 : 1;
-  float factor[kBlocks][4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) factor[b][j] = 0.0f;
-    if (j >= count) continue;
-    if (F == DFmt::kFp8Block1d) factor[0][j] = static_cast<const float*>(p.scale)[mt * p.scale_cols + kc + j];
-    if (F == DFmt::kFp8Block2d) factor[0][j] = static_cast<const float*>(p.scale)[kt * p.scale_cols + mt];
-    if (F == DFmt::kNvfp4) {
-      uint32_t pair;  // block b's byte in bits [8b, 8b + 8)
-      if (staged_scales) {
-        const uint32_t w = reinterpret_cast<const uint32_t*>(stage + kTile * kTransposedUnits + scale_slot(4 * lane + j))[warp / 2];
-        pair = w >> (16 * (warp % 2));
-      } else {
-        const uint8_t* s = static_cast<const uint8_t*>(p.scale) + (kc + j) * p.scale_cols + first_row / fmt::kNvfp4BlockLen;
-        pair = s[0] | (first_row + fmt::kNvfp4BlockLen < p.m ? uint32_t(s[1]) << 8 : 0u);
-      }
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) factor[b][j] = fmt::nvfp4_decode_factor(uint8_t(pair >> (8 * b)), *p.amax);
-    }
-  }
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b) {
-    if (first_row + 16 * b >= p.m) return;
-#pragma unroll
-    for (int q = 0; q < 4 / (kFp4 ? 2 : 1); ++q) {  // words of the block
-      const int word = b * 2 + q;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWord; r += 2) {
-        float out0[4], out1[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t w = word_of(v[j], word);
-          float2 d;
-          if (kFp4) d = make_float2(decode_e2m1_fast(w >> (4 * r)), decode_e2m1_fast(w >> (4 * r + 4)));
-          else d = decode_fp8x2(w >> (8 * r), p.kind);
-          out0[j] = fmt::mul_rn(d.x, factor[b][j]);
-          out1[j] = fmt::mul_rn(d.y, factor[b][j]);
-        }
-        const int64_t m = first_row + word * kRowsPerWord + r;
-        if (m >= p.m) return;
-        store_out4<Out>(p.out, m * p.k + kc, out0, count, vec);
-        if (m + 1 >= p.m) return;
-        store_out4<Out>(p.out, (m + 1) * p.k + kc, out1, count, vec);
-      }
-    }
-  }
-}
-
-template <DFmt F, typename Out>
-__global__ void __launch_bounds__(kThreads, kTransposedMinBlocks)
-    dequantize_transposed_kernel(const DequantParams p, int64_t tiles, bool async_loads, bool staged_scales) {
-  extern __shared__ uint4 transposed_stages[];  // kTransposedStages x transposed_stage_units<F>() (NVFP4: > 48 KB)
-  const auto stages = [](int s) { return transposed_stages + s * transposed_stage_units<F>(); };
-  const int64_t stride = gridDim.x;
-  int64_t next = blockIdx.x;  // next tile to load
-#pragma unroll
-  for (int s = 0; s + 1 < kTransposedStages; ++s, next += stride) {
-    if (next < tiles) load_transposed_tile<F>(p, next, stages(s), async_loads, staged_scales);
-    cp_async_commit();  // one group per stage, empty or not, so that the wait below counts right
-  }
-  int stage = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += stride, next += stride) {
-    // The stage loaded here was last read in the previous iteration, before its closing barrier.
-    if (next < tiles)
-      load_transposed_tile<F>(p, next, stages((stage + kTransposedStages - 1) % kTransposedStages), async_loads, staged_scales);
-    cp_async_commit();
-    cp_async_wait<kTransposedStages - 1>();  // this thread's copies of tile t have landed
-    __syncthreads();                          // and everyone else's
-    store_transposed_tile<F, Out>(p, t, stages(stage), staged_scales);
-    __syncthreads();
-    stage = (stage + 1) % kTransposedStages;
-  }
-}
-
-template <DFmt F, typename Out>
-cudaError_t launch_dequantize_typed(DequantParams p, cudaStream_t stream) {
-  const bool transposed = p.columnwise && F != DFmt::kMxfp8;
-  if (transposed) {
-    const int64_t row_bytes = F == DFmt::kNvfp4 ? p.m / 2 : p.m;
-    p.tiles_m = fmt::cdiv(row_bytes, int64_t(kTile));
-    p.tiles_k = fmt::cdiv(p.k, kTile);
-    const int64_t tiles = p.tiles_m * p.tiles_k;
-    const bool async_loads = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % 16 == 0;
-    const bool staged_scales = F == DFmt::kNvfp4 && p.scale_cols % 16 == 0 && reinterpret_cast<uintptr_t>(p.scale) % 16 == 0;
-    constexpr int kSmem = transposed_smem_bytes<F>();
-    const int64_t grid = std::min<int64_t>(tiles, max_resident_blocks<dequantize_transposed_kernel<F, Out>, kThreads, kSmem>());
-    dequantize_transposed_kernel<F, Out><<<unsigned(grid), kThreads, kSmem, stream>>>(p, tiles, async_loads, staged_scales);
-    return cudaGetLastError();
-  }
-  const unsigned align = F == DFmt::kNvfp4 ? 8 : 16;
-  if (p.k % 16 == 0 && reinterpret_cast<uintptr_t>(p.data) % align == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0) {
-    const int64_t chunks = p.m * (p.k / 16);
-    const int64_t blocks = fmt::cdiv(chunks, int64_t(kThreads) * kRowsUnroll);
-    if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-    const bool idx32 = chunks < (int64_t(1) << 32);
-    const bool vec_scale = reinterpret_cast<uintptr_t>(p.scale) % 16 == 0 && p.scale_cols % 16 == 0;
-    if constexpr (F == DFmt::kMxfp8) {
-      if (p.columnwise) {  // scale [m / 32, k]: one per column
-        dequantize_rows_kernel<F, Out, true><<<unsigned(blocks), kThreads, 0, stream>>>(p, chunks, idx32, vec_scale);
-        return cudaGetLastError();
-      }
-    }
-    dequantize_rows_kernel<F, Out, false><<<unsigned(blocks), kThreads, 0, stream>>>(p, chunks, idx32, vec_scale);
-  } else {
-    const int64_t count = p.m * p.k;
-    const int64_t blocks = fmt::cdiv(count, kThreads);
-    if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-    dequantize_elements_kernel<F, Out><<<unsigned(blocks), kThreads, 0, stream>>>(p, count);
-  }
-  return cudaGetLastError();
-}
-
-template <DFmt F>
-cudaError_t launch_dequantize(const DequantParams& p, HighPrecision out_dtype, cudaStream_t stream) {
-  if (p.m == 0 || p.k == 0) return cudaSuccess;
-  switch (out_dtype) {
-    case HighPrecision::kFloat32: return launch_dequantize_typed<F, F32>(p, stream);
-    case HighPrecision::kBFloat16: return launch_dequantize_typed<F, Bf16>(p, stream);
-    case HighPrecision::kFloat16: return launch_dequantize_typed<F, F16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// swap_first_dims: dst[b, a, :] = src[a, b, :], in units of W bytes (the widest that divides the row
-// and both addresses). Each thread moves kUnroll units (loads first, then stores).
-
-constexpr int kSwapUnroll = 4;
-
-template <typename W, typename Index>
-__global__ void __launch_bounds__(kThreads) swap_first_dims_kernel(const W* __restrict__ src, W* __restrict__ dst,
-                                                                   Index a_count, Index b_count, Index row_units,
-                                                                   Index total) {
-  const Index base = Index(blockIdx.x) * (kThreads * kSwapUnroll) + threadIdx.x;
-  W value[kSwapUnroll];
-#pragma unroll
-  for (int u = 0; u < kSwapUnroll; ++u) {
-    const Index i = base + Index(u) * kThreads;  // destination unit
-    if (i < total) {
-      const Index row = i / row_units, r = i - row * row_units;  // destination row = b * A + a
-      const Index b = row / a_count, a = row - b * a_count;
-      value[u] = src[(a * b_count + b) * row_units + r];
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kSwapUnroll; ++u) {
-    const Index i = base + Index(u) * kThreads;
-    if (i < total) dst[i] = value[u];
-  }
-}
-
-template <typename W>
-cudaError_t launch_swap_units(const void* src, void* dst, int64_t a_count, int64_t b_count, int64_t row_bytes,
-                              cudaStream_t stream) {
-  const int64_t row_units = row_bytes / int64_t(sizeof(W));
-  const int64_t total = a_count * b_count * row_units;
-  const int64_t blocks = fmt::cdiv(total, int64_t(kThreads) * kSwapUnroll);
-  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  const W* s = static_cast<const W*>(src);
-  W* d = static_cast<W*>(dst);
-  if (total < (int64_t(1) << 31)) {  // 32-bit index math is much cheaper than 64-bit division
-    swap_first_dims_kernel<W, uint32_t><<<unsigned(blocks), kThreads, 0, stream>>>(
-        s, d, uint32_t(a_count), uint32_t(b_count), uint32_t(row_units), uint32_t(total));
-  } else {
-    swap_first_dims_kernel<W, uint64_t><<<unsigned(blocks), kThreads, 0, stream>>>(
-        s, d, uint64_t(a_count), uint64_t(b_count), uint64_t(row_units), uint64_t(total));
-  }
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -1445,25 +864,8 @@ cudaError_t launch_quantize_fp8_block(const Fp8BlockQuantizeArgs& a, cudaStream_
   p.col_data = a.columnwise_data;
   p.col_scale = a.columnwise_scale_inv;
   p.col_scale_cols = fmt::fp8_block_scale_shape(a.m, a.k, a.block_dim, true).cols;
-  if (a.block_dim == 1) return launch_quantize<QFmt::kFp8Block1d>(p, a.x_dtype, stream);
-  if (a.block_dim == 2) return launch_quantize<QFmt::kFp8Block2d>(p, a.x_dtype, stream);
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t launch_dequantize_fp8_block(const uint8_t* data, const float* scale_inv, int64_t m, int64_t k,
-                                        int block_dim, bool columnwise, Fp8Kind kind, HighPrecision out_dtype,
-                                        void* out, cudaStream_t stream) {
-  DequantParams p{};
-  p.data = data;
-  p.scale = scale_inv;
-  p.scale_cols = fmt::fp8_block_scale_shape(m, k, block_dim, columnwise).cols;
-  p.m = m;
-  p.k = k;
-  p.kind = kind;
-  p.columnwise = columnwise;
-  p.out = out;
-  if (block_dim == 1) return launch_dequantize<DFmt::kFp8Block1d>(p, out_dtype, stream);
-  if (block_dim == 2) return launch_dequantize<DFmt::kFp8Block2d>(p, out_dtype, stream);
+  if (a.block_dim == 1) return launch_quantize<Fmt::kFp8Block1d>(p, a.x_dtype, stream);
+  if (a.block_dim == 2) return launch_quantize<Fmt::kFp8Block2d>(p, a.x_dtype, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -1481,23 +883,7 @@ cudaError_t launch_quantize_mxfp8(const Mxfp8QuantizeArgs& a, cudaStream_t strea
   p.col_data = a.columnwise_data;
   p.col_scale = a.columnwise_scale_inv;
   p.col_scale_cols = fmt::mxfp8_scale_shape(a.m, a.k, true).cols;
-  return launch_quantize<QFmt::kMxfp8>(p, a.x_dtype, stream);
-}
-
-cudaError_t launch_dequantize_mxfp8(const uint8_t* data, const uint8_t* scale_inv, int64_t m, int64_t k,
-                                    bool columnwise, Fp8Kind kind, HighPrecision out_dtype, void* out,
-                                    cudaStream_t stream) {
-  if (m % fmt::kMxfp8BlockLen != 0 || k % fmt::kMxfp8BlockLen != 0) return cudaErrorInvalidValue;
-  DequantParams p{};
-  p.data = data;
-  p.scale = scale_inv;
-  p.scale_cols = fmt::mxfp8_scale_shape(m, k, columnwise).cols;
-  p.m = m;
-  p.k = k;
-  p.kind = kind;
-  p.columnwise = columnwise;
-  p.out = out;
-  return launch_dequantize<DFmt::kMxfp8>(p, out_dtype, stream);
+  return launch_quantize<Fmt::kMxfp8>(p, a.x_dtype, stream);
 }
 
 cudaError_t launch_quantize_nvfp4(const Nvfp4QuantizeArgs& a, cudaStream_t stream) {
@@ -1514,34 +900,7 @@ cudaError_t launch_quantize_nvfp4(const Nvfp4QuantizeArgs& a, cudaStream_t strea
   p.col_data = a.columnwise_data;
   p.col_scale = a.columnwise_scale_inv;
   p.col_scale_cols = fmt::nvfp4_scale_shape(a.m, a.k, true).cols;
-  return launch_quantize<QFmt::kNvfp4>(p, a.x_dtype, stream);
-}
-
-cudaError_t launch_dequantize_nvfp4(const uint8_t* data, const uint8_t* scale_inv, const float* amax, int64_t m,
-                                    int64_t k, bool columnwise, HighPrecision out_dtype, void* out,
-                                    cudaStream_t stream) {
-  if (m % fmt::kNvfp4BlockLen != 0 || k % fmt::kNvfp4BlockLen != 0) return cudaErrorInvalidValue;
-  DequantParams p{};
-  p.data = data;
-  p.scale = scale_inv;
-  p.scale_cols = fmt::nvfp4_scale_shape(m, k, columnwise).cols;
-  p.amax = amax;
-  p.m = m;
-  p.k = k;
-  p.columnwise = columnwise;
-  p.out = out;
-  return launch_dequantize<DFmt::kNvfp4>(p, out_dtype, stream);
-}
-
-cudaError_t launch_swap_first_dims(const void* src, void* dst, int64_t a_count, int64_t b_count, int64_t row_bytes,
-                                   cudaStream_t stream) {
-  if (a_count == 0 || b_count == 0 || row_bytes == 0) return cudaSuccess;
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | uintptr_t(row_bytes);
-  if (bits % 16 == 0) return launch_swap_units<uint4>(src, dst, a_count, b_count, row_bytes, stream);
-  if (bits % 8 == 0) return launch_swap_units<uint2>(src, dst, a_count, b_count, row_bytes, stream);
-  if (bits % 4 == 0) return launch_swap_units<uint32_t>(src, dst, a_count, b_count, row_bytes, stream);
-  if (bits % 2 == 0) return launch_swap_units<uint16_t>(src, dst, a_count, b_count, row_bytes, stream);
-  return launch_swap_units<uint8_t>(src, dst, a_count, b_count, row_bytes, stream);
+  return launch_quantize<Fmt::kNvfp4>(p, a.x_dtype, stream);
 }
 
 }  // namespace pyxfer

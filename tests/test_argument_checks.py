@@ -1,0 +1,422 @@
+"""Argument checks at their exact boundaries, each rejection naming its argument: checksum seeds, CUDA
+device indices, the alignment of packed spans whose views have different element sizes, the wrappers
+of existing (TE) buffers (QuantizedTensor and its format classes) and the native quantize /
+dequantize ops."""
+import re
+
+import pytest
+import torch
+
+import pyxfer
+import pyxfer.formats as F
+from pyxfer.buffers import pack
+
+from conftest import run_python
+from pxh64_reference import finalize, partial_np, pxh64_py
+from tensors import logical_bytes, random_tensor
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+U64_MAX = (1 << 64) - 1
+
+
+# --- checksum seeds: [0, 2**64) in Python, their int64 bits in the op schema ---------------------
+
+def test_seed_boundaries(gen):
+    t = random_tensor((37,), torch.uint8, gen)
+    data = logical_bytes(t)
+    assert pyxfer.checksum(t, U64_MAX) == pxh64_py(data, U64_MAX)  # the largest valid seed
+    assert pyxfer.checksum(t, 0) == pxh64_py(data, 0)  # the smallest
+    with pytest.raises(ValueError, match=re.escape(f"pyxfer.checksum: seed must be in [0, 2**64), got {1 << 64}")):
+        pyxfer.checksum(t, 1 << 64)  # the first invalid one above
+    with pytest.raises(ValueError, match=re.escape("pyxfer.checksum: seed must be in [0, 2**64), got -1")):
+        pyxfer.checksum(t, -1)
+    # the wrapper passes seeds >= 2**63 as their int64 bits: 2**63 - 1 and 2**63 sit either side
+    for seed in ((1 << 63) - 1, 1 << 63):
+        assert pyxfer.checksum(t, seed) == pxh64_py(data, seed)
+        bits = seed - (1 << 64) if seed >> 63 else seed
+        assert pyxfer.ops.as_uint64(torch.ops.pyxfer.checksum(t, bits)) == pxh64_py(data, seed)
+
+
+def test_word_offset_and_num_bytes_boundaries(gen):
+    t = random_tensor((13,), torch.uint8, gen)
+    assert pyxfer.ops.as_uint64(torch.ops.pyxfer.checksum_partial(t, 0, 0)) == partial_np(logical_bytes(t))
+    with pytest.raises(RuntimeError, match=r"pyxfer.checksum_partial: word_offset must be >= 0, got -1"):
+        torch.ops.pyxfer.checksum_partial(t, -1, 0)
+    partial = torch.ops.pyxfer.checksum_partial(t, 0, 0).reshape(1)
+    assert pyxfer.ops.as_uint64(torch.ops.pyxfer.checksum_combine(partial, 0, 0)) == \
+        finalize(partial_np(logical_bytes(t)), 0)  # num_bytes 0: valid
+    with pytest.raises(RuntimeError, match=r"pyxfer.checksum_combine: num_bytes must be >= 0, got -1"):
+        torch.ops.pyxfer.checksum_combine(partial, -1, 0)
+
+
+# --- CUDA device indices: cuda:{n-1} is the last valid one, cuda:{n} the first invalid ------------
+
+@pytest.mark.gpu
+def test_last_valid_and_first_invalid_cuda_index(gen):
+    n = torch.cuda.device_count()
+    src = random_tensor((1001,), torch.uint8, gen, device="cuda:0")
+    out = pyxfer.verified_copy(src, f"cuda:{n - 1}")
+    assert out.device == torch.device("cuda", n - 1) and torch.equal(out.cpu(), src.cpu())
+    assert torch.equal(pyxfer.staged_copy(src, n - 1).cpu(), src.cpu())
+    msg = f"device is cuda:{n}, which does not exist ({n} CUDA devices visible)"
+    with pytest.raises(ValueError, match="^" + re.escape("pyxfer.verified_copy: " + msg) + "$"):
+        pyxfer.verified_copy(src, f"cuda:{n}")
+    with pytest.raises(ValueError, match="^" + re.escape("pyxfer.verified_copy: " + msg) + "$"):
+        pyxfer.verified_copy(src, n)  # a bare index
+    with pytest.raises(RuntimeError, match=re.escape("pyxfer.verified_copy: " + msg)):
+        torch.ops.pyxfer.verified_copy(src, torch.device("cuda", n), "auto", "sync")
+    with pytest.raises(RuntimeError, match=re.escape("pyxfer.staged_copy: " + msg)):
+        torch.ops.pyxfer.staged_copy(src, torch.device("cuda", n))
+
+
+# --- packed spans: one storage, views of several element sizes ----------------------------------
+
+def test_packed_span_of_mixed_element_sizes_is_aligned_to_the_largest(gen):
+    """Views of one storage pack as one span; the span starts at a multiple of the largest itemsize
+    among them (its low end rounded down to it too), whatever the alignment asked for."""
+    other = random_tensor((3,), torch.uint8, gen)
+    base = random_tensor((8,), torch.float64, gen)
+    u8 = base.view(torch.uint8)[3:5]      # storage bytes [3, 5): the span's lowest byte, odd
+    f64 = base[2:4]                       # bytes [16, 32)
+    i16 = base.view(torch.int16)[13:15]   # bytes [26, 30)
+    for alignment in (1, 2, 4):
+        packed = pack([other, u8, f64, i16], alignment=alignment)
+        # `other` at 0; the shared span (lo rounded 3 -> 0) at align_up(3, 8) = 8
+        assert [s.byte_offset for s in packed.specs] == [0, 8 + 3, 8 + 16, 8 + 26], alignment
+        assert packed.nbytes == 8 + 32  # the span ends with the float64 view
+        got = packed.unpack()
+        for g, t in zip(got, [other, u8, f64, i16]):
+            assert (g.dtype, g.shape, g.stride()) == (t.dtype, t.shape, t.stride())
+            assert logical_bytes(g) == logical_bytes(t)
+        got[2][0] = 1.0  # still one span: the uint8 and int16 views see the float64 write
+        assert logical_bytes(got[1]) == logical_bytes(base.clone().index_fill_(0, torch.tensor([2]), 1.0)
+                                                      .view(torch.uint8)[3:5])
+    # the largest itemsize wins whatever order the views come in
+    packed = pack([other, i16, u8, f64], alignment=1)
+    assert [s.byte_offset for s in packed.specs] == [0, 8 + 26, 8 + 3, 8 + 16]
+    # asked for more than the itemsize: the alignment wins
+    packed = pack([other, u8, f64], alignment=64)
+    assert [s.byte_offset for s in packed.specs] == [0, 64 + 3, 64 + 16]
+    assert not packed.data[3:64].any()  # zeroed padding
+
+
+@pytest.mark.parametrize("alignment,ok", [(1, True), (2, True), (1 << 30, True), (0, False), (3, False),
+                                          (6, False), ((1 << 30) + 1, False)])
+def test_pack_alignment_boundaries(alignment, ok):
+    if ok:
+        assert pack([torch.zeros(3)], alignment=alignment).specs[0].byte_offset == 0
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"pyxfer.buffers.pack: alignment must be a positive power of "
+                                                       f"two (bytes), got {alignment}")):
+            pack([torch.zeros(3)], alignment=alignment)
+
+
+# --- wrapping existing buffers: QuantizedTensor and its format classes ---------------------------
+
+def _wrap_kwargs(fmt, shape=(64, 128), dtype=torch.bfloat16):
+    """Constructor kwargs of a valid wrapper of both usages (buffers from pyxfer's own quantize)."""
+    q = F.quantize(torch.randn(shape).to(dtype), fmt, rowwise=True, columnwise=True)
+    kw = dict(shape=q.shape, dtype=q.dtype, **q.buffers())
+    if fmt.startswith("fp8_block"):
+        kw.update(block_dim=q.block_dim, fp8_dtype=q.fp8_dtype)
+    return type(q), kw
+
+
+def _rejects(cls, kw, match, exc=ValueError):
+    with pytest.raises(exc, match=match):
+        cls(**kw)
+
+
+@pytest.mark.parametrize("fmt", F.FORMATS)
+def test_wrapper_checks_every_buffer(fmt):
+    cls, kw = _wrap_kwargs(fmt)
+    op = re.escape(f"pyxfer.formats.{cls.__name__}: ")
+    assert cls(**kw).dequantize().shape == (64, 128)  # the valid wrap the cases below break
+    buffers = [n for n in kw if n.endswith(("_data", "_scale_inv")) or n.startswith("amax_")]
+    for name in buffers:
+        good = kw[name]
+        want_shape, want_dtype = F.buffer_layout(fmt, kw["shape"], rowwise=True, columnwise=True)[name]
+        wrong_dtype = torch.float32 if want_dtype == torch.uint8 else torch.uint8
+        wrong_shape = tuple(want_shape[:-1]) + (want_shape[-1] + 1,)
+        for bad, got in ((torch.zeros(want_shape, dtype=wrong_dtype), f"{want_shape} {wrong_dtype}"),
+                         (torch.zeros(wrong_shape, dtype=want_dtype), f"{wrong_shape} {want_dtype}")):
+            _rejects(cls, {**kw, name: bad}, op + re.escape(f"{name} must have shape {want_shape} and dtype "
+                                                            f"{want_dtype} for logical shape (64, 128), got {got}"))
+        _rejects(cls, {**kw, name: good.numpy()}, op + re.escape(f"{name} must be a tensor of shape {want_shape}"))
+        # another device than the first buffer's (meta: a second device every machine has)
+        if name == "rowwise_data":  # the first buffer elsewhere: the next one is named
+            _rejects(cls, {**kw, name: good.to("meta")}, op + re.escape("rowwise_scale_inv is on cpu, expected the "
+                                                                       "device of rowwise_data (meta)"))
+        else:
+            _rejects(cls, {**kw, name: good.to("meta")},
+                     op + re.escape(f"{name} is on meta, expected the device of rowwise_data (cpu)"))
+        if not name.endswith("_data"):  # a scale or amax without its usage's data
+            usage = "columnwise" if "columnwise" in name else "rowwise"
+            part = {k: v for k, v in kw.items() if not (k in buffers and usage in k) or k == name}
+            _rejects(cls, part, op + re.escape(f"{name} given without its data buffer"))
+            _rejects(cls, {**kw, name: None}, op + re.escape(f"missing {name} for the usages given"))
+    _rejects(cls, {**kw, "rowwise_data": None, "columnwise_data": None},
+             op + re.escape("needs rowwise_data and/or columnwise_data"))
+
+
+@pytest.mark.parametrize("fmt", F.FORMATS)
+def test_wrapper_checks_shape_and_nominal_dtype(fmt):
+    cls, kw = _wrap_kwargs(fmt)
+    op = re.escape(f"pyxfer.formats.{cls.__name__}: ")
+    for dtype in (torch.float64, torch.uint8, E4M3):
+        _rejects(cls, {**kw, "dtype": dtype}, op + re.escape("dtype (the nominal dtype) must be one of"))
+    _rejects(cls, {**kw, "shape": ()}, op + re.escape("shape must have at least 1 dimension, got ()"))
+    # a logical shape the buffers do not fit: the first buffer is named
+    _rejects(cls, {**kw, "shape": (64, 256)}, op + re.escape("rowwise_data must have shape"))
+    if fmt in ("mxfp8", "nvfp4"):  # a shape the format cannot store, even with buffers laid out for it
+        block = F.BLOCK_LEN[fmt]
+        for shape in ((64 + block // 2, 128), (64, 128 + block // 2), (128,)):
+            layout = F.buffer_layout(fmt, shape, rowwise=True)
+            bufs = {n: torch.zeros(s, dtype=d) for n, (s, d) in layout.items()}
+            _rejects(cls, dict(shape=shape, dtype=torch.float32, **bufs),
+                     op + re.escape(f"shape {shape} cannot be stored in {fmt}"))
+
+
+def test_format_class_options_are_checked():
+    f8, kw8 = _wrap_kwargs("fp8_block_1x128")
+    mx, kwmx = _wrap_kwargs("mxfp8")
+    nv, kwnv = _wrap_kwargs("nvfp4")
+    cases = [
+        (f8, {**kw8, "block_dim": 3}, ValueError,
+         "Float8BlockTensor: block_dim must be 1 (1x128) or 2 (128x128), got 3"),
+        (f8, {**kw8, "block_dim": 0}, ValueError, "Float8BlockTensor: block_dim must be 1 (1x128) or 2"),
+        (f8, {**kw8, "fp8_dtype": torch.float16}, ValueError, "Float8BlockTensor: fp8_dtype must be"),
+        (f8, {**kw8, "pow2_scales": 1}, TypeError, "Float8BlockTensor: pow2_scales must be a bool, got 1"),
+        (f8, {**kw8, "amax_epsilon": -1e-30}, ValueError, "Float8BlockTensor: amax_epsilon must be a float >= 0"),
+        (f8, {**kw8, "amax_epsilon": float("nan")}, ValueError, "Float8BlockTensor: amax_epsilon must be a float >= 0"),
+        (mx, {**kwmx, "fp8_dtype": torch.uint8}, ValueError, "MXFP8Tensor: fp8_dtype must be"),
+        (mx, {**kwmx, "gemm_swizzled_scales": "yes"}, TypeError, "MXFP8Tensor: gemm_swizzled_scales must be a bool"),
+        (nv, {**kwnv, "fp8_dtype": E5M2}, ValueError, "NVFP4Tensor: nvfp4 stores E2M1 data with E4M3 scales; "
+                                                      "fp8_dtype must be torch.float8_e4m3fn"),
+        (nv, {**kwnv, "gemm_swizzled_scales": None}, TypeError, "NVFP4Tensor: gemm_swizzled_scales must be a bool"),
+    ]
+    for cls, kw, exc, msg in cases:
+        _rejects(cls, kw, "^" + re.escape("pyxfer.formats." + msg), exc)
+    # the boundaries that are valid
+    assert f8(**{**kw8, "amax_epsilon": 0.0}).amax_epsilon == 0.0
+    assert f8(**{**kw8, "amax_epsilon": 0}).amax_epsilon == 0.0
+    q2 = F.quantize(torch.randn(64, 128), "fp8_block_128x128", columnwise=True)
+    assert F.Float8BlockTensor(shape=q2.shape, dtype=q2.dtype, block_dim=2, **q2.buffers()).fmt == "fp8_block_128x128"
+
+
+def test_quantize_global_amax_device_and_bounds():
+    x = torch.randn(16, 32)
+    op = "pyxfer.formats.quantize: "
+    with pytest.raises(ValueError, match=re.escape(op + "global_amax must be on x's device (cpu), got meta")):
+        F.quantize(x, "nvfp4", global_amax=torch.ones(1, device="meta"))
+    assert float(F.quantize(x, "nvfp4", global_amax=0.0).amax_rowwise[0]) == 0.0  # the smallest valid float
+    for bad in (-1e-30, True, "1.0", torch.ones(1, dtype=torch.int32), torch.ones(2)):
+        with pytest.raises(ValueError, match=re.escape(op + "global_amax must be None, a float >= 0 or a 1-element "
+                                                            "float tensor, got")):
+            F.quantize(x, "nvfp4", global_amax=bad)
+    with pytest.raises(ValueError, match=re.escape("pyxfer.formats.QuantizeSpec: global_amax must be None, a float "
+                                                   ">= 0, got tensor")):
+        F.QuantizeSpec("nvfp4", global_amax=torch.ones(1))
+    for name in ("rowwise", "columnwise"):
+        with pytest.raises(TypeError, match=re.escape(f"{op}{name} must be a bool, got 1")):
+            F.quantize(x, "nvfp4", **{name: 1})
+        with pytest.raises(TypeError, match=re.escape(f"pyxfer.formats.QuantizeSpec: {name} must be a bool, got 1")):
+            F.QuantizeSpec("nvfp4", **{name: 1})
+    with pytest.raises(TypeError, match=re.escape(op + "x must be a torch.Tensor, got list")):
+        F.quantize([1.0], "nvfp4")
+    with pytest.raises(ValueError, match=re.escape(op + "x must have at least 1 dimension, got a 0-dim tensor")):
+        F.quantize(torch.tensor(1.0), "fp8_block_1x128")
+
+
+# --- the native quantize / dequantize ops ---------------------------------------------------------
+
+def _u8(*shape):
+    return torch.zeros(shape, dtype=torch.uint8)
+
+
+def _native_cases():
+    o, x, one = torch.ops.pyxfer, torch.randn(64, 64), torch.ones(1)
+    q8, d8, qmx, dmx, qnv, dnv = (o.quantize_fp8_block, o.dequantize_fp8_block, o.quantize_mxfp8,
+                                  o.dequantize_mxfp8, o.quantize_nvfp4, o.dequantize_nvfp4)
+    f32 = torch.float32
+    return [
+        # quantize_fp8_block(x, block_dim, rowwise, columnwise, fp8_dtype, pow2_scales, amax_epsilon)
+        (lambda: q8(x.int(), 1, True, False, E4M3, True, 0.0), "x must be float32, bfloat16 or float16, got Int"),
+        (lambda: q8(torch.tensor(1.0), 1, True, False, E4M3, True, 0.0), "x must have at least 1 dimension"),
+        (lambda: q8(x, 1, False, False, E4M3, True, 0.0), "at least one of rowwise and columnwise must be true"),
+        (lambda: q8(x, 0, True, False, E4M3, True, 0.0), "block_dim must be 1 (1x128) or 2 (128x128), got 0"),
+        (lambda: q8(x, 3, True, False, E4M3, True, 0.0), "block_dim must be 1 (1x128) or 2 (128x128), got 3"),
+        (lambda: q8(x, 1, True, False, E4M3, True, -1e-30), "amax_epsilon must be >= 0, got -1e-30"),
+        (lambda: q8(x, 1, True, False, torch.float16, True, 0.0),
+         "fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got Half"),
+        # quantize_mxfp8(x, rowwise, columnwise, fp8_dtype)
+        (lambda: qmx(torch.randn(64, 48), True, False, E4M3),
+         "MXFP8 needs the flattened leading dims (M=64) and the last dim (K=48) of x to be multiples of 32"),
+        (lambda: qmx(torch.randn(2, 8, 32), True, False, E4M3), "(M=16) and the last dim (K=32) of x"),
+        (lambda: qmx(torch.randn(48, 64), False, True, E4M3), "(M=48) and the last dim (K=64) of x"),
+        (lambda: qmx(x, True, False, torch.uint8), "fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2"),
+        (lambda: qmx(x.double(), True, False, E4M3), "x must be float32, bfloat16 or float16, got Double"),
+        # quantize_nvfp4(x, global_amax, rowwise, columnwise)
+        (lambda: qnv(x, torch.ones(2), True, False),
+         "global_amax must be a float32 tensor with one element, got Float with shape [2]"),
+        (lambda: qnv(x, torch.ones(1, dtype=torch.float64), True, False),
+         "global_amax must be a float32 tensor with one element, got Double with shape [1]"),
+        (lambda: qnv(torch.randn(16, 40), one, True, False),
+         "(M=16) and the last dim (K=40) of x to be multiples of 16"),
+        (lambda: qnv(torch.randn(24, 32), one, True, False),
+         "(M=24) and the last dim (K=32) of x to be multiples of 16"),
+        (lambda: qnv(x, one, False, False), "at least one of rowwise and columnwise must be true"),
+        # dequantize_fp8_block(data, scale_inv, block_dim, columnwise, fp8_dtype, out_dtype)
+        (lambda: d8(torch.zeros(4, 128), torch.ones(1, 4), 1, False, E4M3, f32),
+         "data must be a uint8 tensor of raw bytes, got Float"),
+        (lambda: d8(torch.tensor(1, dtype=torch.uint8), torch.ones(1, 4), 1, False, E4M3, f32),
+         "data must have at least 1 dimension, got a 0-dim tensor"),
+        (lambda: d8(_u8(4, 128), torch.ones(1, 8), 1, False, E4M3, f32),
+         "scale_inv must be Float of shape [1, 4] for this data, got Float of shape [1, 8]"),
+        (lambda: d8(_u8(4, 128), torch.ones(1, 4, dtype=torch.float64), 1, False, E4M3, f32),
+         "scale_inv must be Float of shape [1, 4] for this data, got Double of shape [1, 4]"),
+        (lambda: d8(_u8(4, 128), torch.ones(4), 1, False, E4M3, f32),
+         "scale_inv must be Float of shape [1, 4] for this data, got Float of shape [4]"),
+        (lambda: d8(_u8(4, 128), torch.ones(1, 4), 3, False, E4M3, f32), "block_dim must be 1 (1x128) or 2"),
+        (lambda: d8(_u8(4, 128), torch.ones(1, 4), 1, False, E4M3, torch.float64),
+         "out_dtype must be float32, bfloat16 or float16, got Double"),
+        (lambda: d8(_u8(4, 128), torch.ones(1, 4), 1, False, torch.int8, f32),
+         "fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got Char"),
+        (lambda: d8(_u8(128, 4), torch.ones(1, 4), 1, True, E4M3, f32),  # columnwise: [cdiv(M,128), rup(K,4)]
+         "scale_inv must be Float of shape [1, 128] for this data, got Float of shape [1, 4]"),
+        # dequantize_mxfp8(data, scale_inv, columnwise, fp8_dtype, out_dtype)
+        (lambda: dmx(_u8(32, 48), _u8(128, 4), False, E4M3, f32),
+         "MXFP8 needs the flattened leading dims (M=32) and the last dim (K=48) of the matrix data stores"),
+        (lambda: dmx(_u8(32, 32), _u8(4, 4), False, E4M3, f32),
+         "scale_inv must be Byte of shape [128, 4] for this data, got Byte of shape [4, 4]"),
+        (lambda: dmx(_u8(32, 32), _u8(128, 4), True, E4M3, f32),
+         "scale_inv must be Byte of shape [4, 128] for this data, got Byte of shape [128, 4]"),
+        (lambda: dmx(_u8(32, 32), torch.zeros(128, 4), False, E4M3, f32), "scale_inv must be Byte of shape [128, 4]"),
+        (lambda: dmx(torch.zeros(32, 32, dtype=torch.int8), _u8(128, 4), False, E4M3, f32),
+         "data must be a uint8 tensor of raw bytes, got Char"),
+        (lambda: dmx(_u8(32, 32), _u8(128, 4), False, E4M3, torch.int32), "out_dtype must be float32"),
+        (lambda: dmx(_u8(32, 32), _u8(128, 4), False, torch.float32, f32), "fp8_dtype must be torch.float8_e4m3fn"),
+        # dequantize_nvfp4(data, scale_inv, amax, columnwise, out_dtype)
+        (lambda: dnv(_u8(16, 8), _u8(128, 4), torch.ones(2), False, f32),
+         "amax must be a float32 tensor with one element, got Float with shape [2]"),
+        (lambda: dnv(_u8(16, 8), _u8(128, 4), torch.ones(1, dtype=torch.float16), False, f32),
+         "amax must be a float32 tensor with one element, got Half with shape [1]"),
+        (lambda: dnv(_u8(2, 16, 8), _u8(128, 4), one, True, f32),
+         "columnwise NVFP4 data must be 2-D [K, M/2], got shape [2, 16, 8]"),
+        (lambda: dnv(_u8(16, 4), _u8(128, 4), one, False, f32),
+         "NVFP4 needs the flattened leading dims (M=16) and the last dim (K=8) of the matrix data stores"),
+        (lambda: dnv(_u8(16, 4), _u8(128, 4), one, True, f32),  # columnwise [K, M/2]: M = 8, K = 16
+         "(M=8) and the last dim (K=16) of the matrix data stores to be multiples of 16"),
+        (lambda: dnv(_u8(16, 8), _u8(128, 8), one, False, f32),
+         "scale_inv must be Byte of shape [128, 4] for this data, got Byte of shape [128, 8]"),
+        (lambda: dnv(_u8(16, 8), _u8(128, 4), one, False, torch.float64), "out_dtype must be float32"),
+        (lambda: dnv(_u8(16, 8).float(), _u8(128, 4), one, False, f32), "data must be a uint8 tensor of raw bytes"),
+        # swap_first_dims(src)
+        (lambda: o.swap_first_dims(_u8(5)), "src must have at least 2 dimensions, got shape [5]"),
+    ]
+
+
+_OP_NAMES = ("quantize_fp8_block", "dequantize_fp8_block", "quantize_mxfp8", "dequantize_mxfp8", "quantize_nvfp4",
+             "dequantize_nvfp4", "swap_first_dims")
+
+
+def test_native_format_op_checks_name_the_argument():
+    for call, message in _native_cases():
+        with pytest.raises(RuntimeError) as info:
+            call()
+        text = str(info.value).splitlines()[0]
+        assert re.match(r"^pyxfer\.(" + "|".join(_OP_NAMES) + r"): ", text), text
+        assert message in text, (message, text)
+
+
+def test_native_format_ops_accept_the_boundary_cases(gen):
+    """The valid side of the checks above: block_dim 1 and 2, amax_epsilon 0, the smallest divisible
+    shapes, an empty matrix."""
+    o = torch.ops.pyxfer
+    x = torch.randn(32, 32, generator=gen)
+    for block_dim in (1, 2):
+        rd, rs, cd, cs = o.quantize_fp8_block(x, block_dim, True, True, E5M2, False, 0.0)
+        assert o.dequantize_fp8_block(cd, cs, block_dim, True, E5M2, torch.float16).shape == (32, 32)
+    rd, rs, cd, cs = o.quantize_mxfp8(x, True, True, E4M3)
+    assert o.dequantize_mxfp8(cd, cs, True, E4M3, torch.bfloat16).shape == (32, 32)
+    x16 = torch.randn(16, 16, generator=gen)
+    amax = x16.abs().amax().reshape(1)
+    rd, rs, cd, cs = o.quantize_nvfp4(x16, amax, True, True)
+    assert rd.shape == (16, 8) and cd.shape == (16, 8)
+    assert o.dequantize_nvfp4(cd, cs, amax, True, torch.float32).shape == (16, 16)
+    rd, rs, cd, cs = o.quantize_mxfp8(torch.empty(0, 32), True, False, E4M3)
+    assert rd.shape == (0, 32) and rs.shape == (0, 4)
+
+
+# --- device arguments, fault specs and gather inputs ---------------------------------------------
+
+def test_device_arguments_name_the_argument():
+    t = torch.arange(5)
+    op = "pyxfer.verified_copy: "
+    assert pyxfer.verified_copy(t, torch.device("cpu")).device.type == "cpu"  # the unparsed fast path
+    assert pyxfer.verified_copy(t, "cpu:0").device.type == "cpu"
+    with pytest.raises(ValueError, match=re.escape(op + "device is not a device: 'gpu:0' (")):
+        pyxfer.verified_copy(t, "gpu:0")
+    with pytest.raises(ValueError, match=re.escape(op + "device is not a device: -1 (")):
+        pyxfer.verified_copy(t, -1)
+    with pytest.raises(TypeError, match=re.escape(op + "device must be a torch.device, a string or a CUDA index, "
+                                                       "got bool")):
+        pyxfer.verified_copy(t, True)
+    with pytest.raises(ValueError, match=re.escape("pyxfer.staged_copy: device must be a CPU or CUDA device, "
+                                                   "got meta")):
+        pyxfer.staged_copy(t, "meta")
+    with pytest.raises(ValueError, match=re.escape("pyxfer.health.status: dst is not a device: 'tpu'")):
+        pyxfer.health.status("cpu", "tpu")
+    with pytest.raises(ValueError, match=re.escape("pyxfer.testing.inject_fault: src must be a CPU or CUDA device")):
+        with pyxfer.testing.inject_fault("zeros", src="meta"):
+            pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA devices")
+def test_the_current_cuda_device_without_cuda_is_a_clear_error():
+    msg = "is 'cuda', the current CUDA device, but no CUDA device is visible (torch.cuda.is_available() is False)"
+    with pytest.raises(ValueError, match=re.escape("pyxfer.verified_copy: device " + msg)):
+        pyxfer.verified_copy(torch.ones(2), "cuda")
+    with pytest.raises(ValueError, match=re.escape("pyxfer.health.mark: src " + msg)):
+        pyxfer.health.mark("cuda", "cpu", "healthy")
+
+
+def test_fault_spec_from_the_environment_is_checked():
+    r = run_python("import pyxfer", env={"PYXFER_INJECT_FAULT": "zeros,when=now"})
+    assert r.returncode != 0
+    assert "PYXFER_INJECT_FAULT: expected kind[,path=..][,src=..][,dst=..][,times=N], got 'zeros,when=now'" in r.stderr
+    r = run_python("import pyxfer; print(pyxfer.testing.inject_fault)",
+                   env={"PYXFER_INJECT_FAULT": "bitflip,path=staged,src=cpu,dst=cpu,times=2"})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_gather_input_checks_in_a_world_of_one(world_of_one):
+    with pytest.raises(ValueError, match=re.escape("pyxfer.all_gather: x has 9 dims; at most 8 are supported")):
+        pyxfer.all_gather(torch.zeros([1] * 9))
+    pyxfer.all_gather(torch.zeros([1] * 8))  # the largest valid rank
+    with pytest.raises(ValueError, match=re.escape("pyxfer.all_gather: x must have at least one dim")):
+        pyxfer.all_gather(torch.tensor(1.0))
+    with pytest.raises(TypeError, match=re.escape("pyxfer.all_gather: x has dtype torch.complex32, which cannot be "
+                                                  "gathered")):
+        pyxfer.all_gather(torch.zeros(2, dtype=torch.complex32))
+    with pytest.raises(TypeError, match=re.escape("pyxfer.all_gather: quantize_as needs a float32, bfloat16 or "
+                                                  "float16 tensor, got torch.int32")):
+        pyxfer.all_gather(torch.zeros(128, 128, dtype=torch.int32), quantize_as=F.QuantizeSpec("mxfp8"))
+    x = torch.arange(5)
+    handle = pyxfer.all_gather(x, async_op=True)
+    assert handle.is_completed() and handle.wait() is x and handle.wait() is x  # world of one: x itself
+
+
+def test_packed_buffer_checks_its_specs():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    spec = pyxfer.SubviewSpec(8, (2,), (1,), torch.float64)
+    packed = pyxfer.PackedBuffer(buf, [spec])
+    assert repr(packed) == "PackedBuffer(64 bytes on cpu, 1 views)"
+    with pytest.raises(TypeError, match=re.escape("pyxfer.buffers.PackedBuffer: specs[1] must be a SubviewSpec, "
+                                                  "got dict")):
+        pyxfer.PackedBuffer(buf, [spec, spec.to_dict()])
+    with pytest.raises(ValueError, match=re.escape("pyxfer.buffers.PackedBuffer: specs[0] spans bytes [56, 72) of "
+                                                   "buffer, expected them inside the buffer's 64 bytes")):
+        pyxfer.PackedBuffer(buf, [pyxfer.SubviewSpec(56, (2,), (1,), torch.float64)])
+    assert pyxfer.PackedBuffer(buf, [pyxfer.SubviewSpec(48, (2,), (1,), torch.float64)]).unpack()[0].shape == (2,)

@@ -1,0 +1,356 @@
+"""`pyxfer doctor` on the CPU, end to end: the report, the --json schema, exit codes, verdicts from
+real probes with injected faults, the watchdog, the verdict cache, and each self-check failing when
+its worked value is wrong."""
+import json
+import time
+
+import pytest
+import torch
+
+import pyxfer
+from pyxfer import _selftest, doctor
+from pyxfer._verdict_cache import save_verdicts
+from pyxfer.cli import main
+from pyxfer.testing import inject_fault, parse_env_fault
+
+from conftest import run_python
+
+VERDICTS = {"ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error"}
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """No fault from the environment, the cache in a temporary directory, health restored."""
+    monkeypatch.delenv("PYXFER_INJECT_FAULT", raising=False)
+    monkeypatch.delenv(doctor.TEST_FAULT_ENV, raising=False)
+    monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "verdicts.json"))
+    pyxfer.health.reset()
+    yield
+    pyxfer.health.reset()
+
+
+def run_doctor(capsys, *args):
+    """(exit code, stdout) of `pyxfer doctor ARGS` run through the CLI's entry point."""
+    code = main(["doctor", *args])
+    return code, capsys.readouterr().out
+
+
+def run_json(capsys, *args):
+    code, out = run_doctor(capsys, "--json", *args)
+    doc = json.loads(out)
+    check_schema(doc)
+    assert doc["ok"] == (code == 0)
+    return code, doc
+
+
+def check_schema(doc):
+    """The --json document as pyxfer/doctor.py's docstring documents it (schema pyxfer.doctor, 2)."""
+    assert doc["schema"] == "pyxfer.doctor" and doc["schema_version"] == 2
+    assert isinstance(doc["ok"], bool) and isinstance(doc["seconds"], float)
+    assert {"pyxfer", "torch", "cuda", "cuda_archs"} <= set(doc["build"])
+    assert set(doc["system"]) == {"python", "platform", "torch", "torch_cuda", "driver"}
+    for g in doc["gpus"]:
+        assert set(g) == {"index", "name", "uuid", "capability", "memory_gib", "sms"}
+    assert len(doc["peer_access"]) == len(doc["gpus"])
+    fault = doc["injected_fault"]
+    assert fault is None or set(fault) == {"spec", "kind", "path", "src", "dst", "times"}
+    for c in doc["checks"]:
+        assert set(c) == {"check", "status", "detail", "seconds"} and c["status"] in ("ok", "FAIL", "skip")
+        assert isinstance(c["detail"], str) and c["detail"]
+    for p in doc["pairs"]:
+        assert set(p) == {"src", "dst", "verdict", "evidence", "gbps", "seconds", "fault_from_env", "probes"}
+        assert p["verdict"] in VERDICTS and p["evidence"] and all(isinstance(e, str) for e in p["evidence"])
+        assert isinstance(p["fault_from_env"], bool)
+        for probe in p["probes"]:
+            assert {"path", "bytes", "result"} <= set(probe)
+            assert probe["result"] in ("ok", "corrupt", "dropped", "injected-caught", "injected-missed")
+            if probe["result"] in ("corrupt", "dropped"):
+                assert isinstance(probe["first_offset"], int) and probe["wrong_bytes"] > 0
+    assert set(doc["cache"]) == {"path", "written", "note"}
+
+
+def test_healthy_cpu_run_report_and_exit_code(capsys):
+    code, out = run_doctor(capsys, "--no-cache")
+    assert code == 0, out
+    assert "GPUs: none visible" in out
+    assert "[  ok] checksum vectors on cpu: 9 spec vectors match" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("cpu -> cpu"))
+    assert line.split()[3] == "ok" and "injected bit flip caught" in line
+    assert "0 failed; 1 of 1 pairs ok" in out
+
+
+def test_json_schema_probes_and_cache_written(capsys, tmp_path):
+    code, doc = run_json(capsys)
+    assert code == 0
+    (pair,) = doc["pairs"]
+    assert (pair["src"], pair["dst"], pair["verdict"]) == ("cpu", "cpu", "ok") and pair["gbps"] > 0
+    sizes = sorted({p["bytes"] for p in pair["probes"] if p["path"] == "ce"})
+    assert sizes == [4093, 4 << 20, 16 << 20]  # 4 MiB and a large one (capped for cpu -> cpu)
+    assert {p["path"] for p in pair["probes"]} == {"ce", "pyxfer", "pyxfer+bitflip"}
+    assert [p["result"] for p in pair["probes"] if p["path"] == "pyxfer+bitflip"] == ["injected-caught"]
+    assert doc["cache"]["written"] and doc["cache"]["path"] == str(tmp_path / "verdicts.json")
+    cached = json.loads((tmp_path / "verdicts.json").read_text())
+    assert cached["pairs"] == [{"src": "cpu", "dst": "cpu", "verdict": "ok"}]
+    assert cached["key"]["torch"] == torch.__version__ and cached["key"]["pyxfer"] == pyxfer.__version__
+
+
+@pytest.mark.parametrize("kind,verdict", [("zeros", "dropped"), ("bitflip", "corrupt")])
+def test_fault_from_the_environment_gives_the_verdict(capsys, monkeypatch, tmp_path, kind, verdict):
+    monkeypatch.setenv("PYXFER_INJECT_FAULT", f"{kind},src=cpu,dst=cpu,times=1000")
+    code, doc = run_json(capsys, "--large", "1M")
+    assert code == 1
+    (pair,) = doc["pairs"]
+    assert pair["verdict"] == verdict and pair["fault_from_env"]
+    assert doc["injected_fault"] == {"spec": f"{kind},src=cpu,dst=cpu,times=1000", "kind": kind, "path": "direct",
+                                     "src": "cpu", "dst": "cpu", "times": 1000}
+    hit = [p for p in pair["probes"] if p["path"] == "pyxfer"]
+    assert [p["result"] for p in hit] == [verdict] * 3  # the fault hits pyxfer's direct path ...
+    assert all(p["result"] == "ok" for p in pair["probes"] if p["path"] == "ce")  # ... not torch's copy
+    if kind == "bitflip":
+        assert [p["wrong_bytes"] for p in hit] == [1, 1, 1]
+    else:
+        assert all(p["first_offset"] == 0 for p in hit)  # random data is rarely zero at byte 0... or the sentinel
+    assert not doc["cache"]["written"] and "PYXFER_INJECT_FAULT" in doc["cache"]["note"]
+    assert not (tmp_path / "verdicts.json").exists()
+    if kind == "bitflip":
+        return  # the text report once is enough
+    code, out = run_doctor(capsys, "--large", "1M")
+    assert code == 1
+    lines = out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.strip().startswith("cpu -> cpu"))
+    assert lines[i].split()[3] == verdict
+    assert "fault is armed from PYXFER_INJECT_FAULT='" in lines[i + 1]  # said next to the verdict
+
+
+@pytest.mark.parametrize("spec,why", [(",", "unknown fault kind ''"), ("zeros,times=abc", "times must be an integer >= 1"),
+                                      ("melt", "unknown fault kind 'melt'"), ("bitflip,times=0", "times must be"),
+                                      ("zeros,when=now", "'when=now' is not one of path=, src=, dst=, times=")])
+def test_malformed_fault_variable_is_named_with_the_expected_form(spec, why):
+    with pytest.raises(ValueError) as e:
+        parse_env_fault(spec)
+    assert str(e.value).startswith(f"PYXFER_INJECT_FAULT: {why}")
+    assert "expected kind[,path=P][,src=D][,dst=D][,times=N]" in str(e.value) and str(e.value).endswith(repr(spec))
+    assert parse_env_fault(" bitflip , dst=cuda:1, times=3") == {"kind": "bitflip", "path": "direct", "src": None,
+                                                                  "dst": "cuda:1", "times": 3}
+    assert parse_env_fault("zeros,src=1,path=gather")["src"] == 1  # ranks of the gather path are ints
+
+
+def test_malformed_fault_variable_is_a_failed_check_not_a_crash(capsys, monkeypatch):
+    spec = "zeros,times=abc"
+    monkeypatch.setenv("PYXFER_INJECT_FAULT", spec)
+    code, doc = run_json(capsys, "--no-cache", "--large", "1M")
+    assert code == 1
+    (check,) = [c for c in doc["checks"] if c["check"] == "PYXFER_INJECT_FAULT"]
+    assert check["status"] == "FAIL"
+    assert check["detail"].startswith("PYXFER_INJECT_FAULT: ") and "kind[,path=P]" in check["detail"]
+    assert repr(spec) in check["detail"]
+    assert doc["injected_fault"] is None and [p["verdict"] for p in doc["pairs"]] == ["ok"]  # carried on
+
+
+@pytest.mark.parametrize("spec", [",", "zeros,times=abc"])
+def test_malformed_fault_variable_does_not_break_import(spec):
+    r = run_python("import pyxfer, torch; print(len(pyxfer.verified_copy(torch.arange(5), 'cpu')))",
+                   env={"PYXFER_INJECT_FAULT": spec})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "5"
+    assert "RuntimeWarning: PYXFER_INJECT_FAULT: " in r.stderr and "no fault installed" in r.stderr
+
+
+def test_watchdog_reports_a_probe_that_never_finishes(capsys, monkeypatch):
+    monkeypatch.setenv(doctor.TEST_FAULT_ENV, "hang:cpu->cpu")  # test-only knob: the probe child sleeps forever
+    start = time.monotonic()
+    code, doc = run_json(capsys, "--timeout", "2", "--no-cache")
+    assert code == 1 and time.monotonic() - start < doctor.STARTUP_S
+    (pair,) = doc["pairs"]
+    assert pair["verdict"] == "hung" and "did not finish in 2 s" in pair["evidence"][0]
+
+
+def test_a_probe_process_that_dies_is_reported(capsys, monkeypatch):
+    monkeypatch.setenv(doctor.TEST_FAULT_ENV, "crash:cpu->cpu")  # test-only knob: the child aborts
+    code, doc = run_json(capsys, "--no-cache")
+    assert code == 1
+    (pair,) = doc["pairs"]
+    assert pair["verdict"] == "error" and pair["evidence"][0].startswith("probe process died (exit code -6)")
+
+
+def test_a_task_that_raises_does_not_stop_the_rest():
+    tasks = [{"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [4093], "seed": 1},
+             {"kind": "pair", "src": "cpu", "dst": "meta", "sizes": [4093], "seed": 2},  # raises in the child
+             {"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [1 << 20], "seed": 3}]
+    first, broken, last = doctor.run_tasks(tasks, timeout=60)
+    assert first["verdict"] == "ok" and last["verdict"] == "ok"  # the last ran in a fresh child
+    assert "error" in broken and "meta" in broken["error"]
+
+
+def test_classification_of_a_destination(gen):
+    src = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=gen)
+    src[0] = 7  # neither zero nor the sentinel at the first offset
+    want = pyxfer.checksum(src)
+    assert doctor._classify(src.clone(), want, src) == ("ok", {})
+    sentinel = torch.full_like(src, doctor.SENTINEL)
+    assert doctor._classify(sentinel, want, src) == ("dropped", {"first_offset": 0, "wrong_bytes": int((src != doctor.SENTINEL).sum())})
+    assert doctor._classify(torch.zeros_like(src), want, src)[0] == "dropped"
+    flipped = src.clone()
+    flipped[4097] ^= 0x10
+    assert doctor._classify(flipped, want, src) == ("corrupt", {"first_offset": 4097, "wrong_bytes": 1})
+
+
+def test_a_blind_check_makes_the_pair_an_error(monkeypatch):
+    """The injected bit flip proves the check works: if it goes unseen, no verdict can be trusted."""
+    monkeypatch.setattr(doctor, "_classify", lambda out, expected_hash, src: ("ok", {}))
+    result = doctor._probe_pair({"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [4093], "seed": 5})
+    assert result["verdict"] == "error" and "injected bit flip was not caught" in result["evidence"][0]
+    assert result["probes"][-1] == {"path": "pyxfer+bitflip", "bytes": 4096, "result": "injected-missed"}
+
+
+def test_pair_selection():
+    eight = [{"index": i} for i in range(8)]
+    pairs = doctor.select_pairs(eight)
+    assert len(pairs) == 72 and len(set(pairs)) == 72  # 56 GPU pairs + 16 host <-> GPU
+    assert ("cpu", "cuda:7") in pairs and ("cuda:7", "cpu") in pairs and ("cuda:3", "cuda:3") not in pairs
+    assert doctor.select_pairs([]) == [("cpu", "cpu")]
+    assert doctor.select_pairs(eight, "cpu->cuda:0, cuda:1->cuda:0") == [("cpu", "cuda:0"), ("cuda:1", "cuda:0")]
+    for bad in ("cpu-cuda:0", "cpu->cuda:8", "cuda:0->"):
+        with pytest.raises(ValueError, match=f"--pairs: expected SRC->DST.*got '{bad}'"):
+            doctor.select_pairs(eight, bad)
+
+
+def test_bad_pairs_option_exits_2(capsys):
+    assert main(["doctor", "--pairs", "cpu->cuda:0"]) == 2
+    assert "--pairs: expected SRC->DST" in capsys.readouterr().err
+
+
+def test_slow_verdict_against_comparable_pairs():
+    def pair(src, dst, gbps):
+        return {"src": src, "dst": dst, "verdict": "ok", "gbps": gbps, "evidence": []}
+
+    pairs = [pair("cuda:0", "cuda:1", 100.0), pair("cuda:1", "cuda:0", 98.0), pair("cuda:0", "cuda:2", 45.0),
+             pair("cpu", "cuda:0", 20.0), pair("cpu", "cuda:1", 9.0), pair("cuda:0", "cpu", 2.0)]
+    doctor._mark_slow(pairs, 0.5)
+    assert [p["verdict"] for p in pairs] == ["ok", "ok", "slow", "ok", "ok", "ok"]
+    assert "45.0 GB/s is under 0.5 x the median 98.0 GB/s of 3 GPU -> GPU pairs" in pairs[2]["evidence"][0]
+    # two host -> GPU pairs: the median is 14.5, and 9 is not under half of it; a lone class is never slow
+
+
+# ---- the verdict cache and pyxfer.health
+
+def test_cache_round_trip_routes_a_known_bad_pair_staged(capsys, tmp_path, gen):
+    assert run_doctor(capsys)[0] == 0
+    path = tmp_path / "verdicts.json"
+    assert pyxfer.health.load_doctor_verdicts(path) == {("cpu", "cpu"): "ok"}
+    assert pyxfer.health.status("cpu", "cpu") == "healthy"
+    doc = json.loads(path.read_text())
+    doc["pairs"][0]["verdict"] = "corrupt"  # as a doctor run on a broken host would have written it
+    path.write_text(json.dumps(doc))
+    pyxfer.health.reset()
+    assert pyxfer.health.load_doctor_verdicts() == {("cpu", "cpu"): "corrupt"}  # the default path: the env var
+    assert pyxfer.health.status("cpu", "cpu") == "corrupt"
+    src = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=gen)
+    with inject_fault("zeros", path="direct") as fault:
+        out = pyxfer.verified_copy(src, "cpu")
+    assert fault.used == 0 and torch.equal(out, src)  # the first copy already went staged
+
+
+def test_cache_from_the_environment_at_import(tmp_path):
+    path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "dropped"}], tmp_path / "v.json")
+    code = "import pyxfer; print(pyxfer.health.status('cpu', 'cpu'))"
+    assert run_python(code, env={"PYXFER_HEALTH_FROM_DOCTOR": path}).stdout.strip() == "corrupt"
+    assert run_python(code, env={"PYXFER_HEALTH_FROM_DOCTOR": "1", "PYXFER_DOCTOR_CACHE": path}).stdout.strip() \
+        == "corrupt"
+    assert run_python(code, env={"PYXFER_HEALTH_FROM_DOCTOR": "0", "PYXFER_DOCTOR_CACHE": path}).stdout.strip() \
+        == "unknown"  # opt-in only
+
+
+@pytest.mark.parametrize("field,value", [("torch", "1.0.0"), ("pyxfer", "0.0.1"), ("driver", "999.9"),
+                                         ("gpus", [])])
+def test_cache_with_another_key_is_ignored_with_a_message(tmp_path, field, value):
+    path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "corrupt"}], tmp_path / "v.json")
+    doc = json.loads(open(path).read())
+    if field == "gpus":  # a cache made on other GPUs: this process sees one the cache does not name
+        value = ["GPU-00000000-0000-0000-0000-000000000000"]
+        doc["key"]["gpus"] = value
+        pytest.skip("needs a GPU the cache does not list") if not torch.cuda.is_available() else None
+    doc["key"][field] = value
+    open(path, "w").write(json.dumps(doc))
+    with pytest.warns(RuntimeWarning, match=f"ignored: made under another key \\({field}: cache"):
+        assert pyxfer.health.load_doctor_verdicts(path) == {}
+    assert pyxfer.health.status("cpu", "cpu") == "unknown"
+
+
+def test_cache_that_is_not_a_verdict_cache_is_ignored(tmp_path):
+    (tmp_path / "v.json").write_text('{"schema": "pyxfer.bench", "schema_version": 1}')
+    with pytest.warns(RuntimeWarning, match="not a verdict cache"):
+        assert pyxfer.health.load_doctor_verdicts(tmp_path / "v.json") == {}
+    assert pyxfer.health.load_doctor_verdicts(tmp_path / "absent.json") == {}
+
+
+# ---- each self-check fails when its worked value is wrong
+
+def test_checksum_vector_check_fails_on_a_wrong_value(monkeypatch, capsys):
+    name, data, seed, expected = _selftest.TEST_VECTORS[4]
+    vectors = list(_selftest.TEST_VECTORS)
+    vectors[4] = (name, data, seed, expected ^ 1)
+    monkeypatch.setattr(_selftest, "TEST_VECTORS", vectors)
+    status, detail = doctor._vector_check("cpu")
+    assert status == "FAIL" and detail == f"{name}: got {expected:016x}, expected {expected ^ 1:016x}"
+    code, out = run_doctor(capsys, "--no-cache", "--large", "1M")
+    assert code == 1 and f"[FAIL] checksum vectors on cpu: {name}" in out
+
+
+def test_format_vector_check_fails_on_a_wrong_value(monkeypatch):
+    name, fmt, build, options, expected = _selftest.FORMAT_VECTORS[0]
+    wrong = {**expected, "rowwise_scale_inv": [expected["rowwise_scale_inv"][0] + 1]}
+    monkeypatch.setattr(_selftest, "FORMAT_VECTORS", [(name, fmt, build, options, wrong)] + _selftest.FORMAT_VECTORS[1:])
+    status, detail = doctor._format_vector_check("cpu")
+    assert status == "FAIL" and detail.startswith(f"{name}: got ") and "rowwise_scale_inv" in detail
+    monkeypatch.undo()
+    assert doctor._format_vector_check("cpu") == ("ok", "5 worked examples of the spec match")
+
+
+def test_agreement_checks_fail_when_the_sides_differ(monkeypatch):
+    assert doctor._agreement_check("cpu")[0] == "ok"
+    real = _selftest.checksum
+    calls = iter(range(10**6))
+    monkeypatch.setattr(_selftest, "checksum", lambda t, seed=0: real(t, seed) ^ (next(calls) % 2))
+    status, detail = doctor._agreement_check("cpu")
+    assert status == "FAIL" and detail.startswith("offset 0, 0 B: cpu ") and detail.count(";") == 4  # 5 shown
+    assert doctor._format_agreement_check("cpu")[0] == "ok"
+    real_q = _selftest.__dict__.get("quantize")
+    assert real_q is None  # the check imports quantize at call time: patch it in pyxfer.formats
+    from pyxfer import formats
+    q = formats.quantize
+    flip = iter(range(10**6))
+
+    def skewed(x, fmt, **kw):
+        out = q(x, fmt, **kw)
+        if next(flip) % 2:
+            out.rowwise_data.view(torch.uint8).reshape(-1)[0] ^= 1
+        return out
+    monkeypatch.setattr(formats, "quantize", skewed)
+    status, detail = doctor._format_agreement_check("cpu")
+    assert status == "FAIL" and "rowwise_data" in detail
+
+
+def test_build_checks_fail_on_a_mismatch(monkeypatch, capsys):
+    info = pyxfer.build_info()
+    assert doctor._torch_match_check(info)[0] == "ok"
+    status, detail = doctor._torch_match_check({**info, "torch": "2.0.0"})
+    assert status == "FAIL" and detail.startswith("built against torch 2.0.0, running torch ")
+    gpu = {"index": 0, "capability": "9.0"}
+    assert doctor._cuda_build_check({**info, "cuda": False}, [gpu])[0] == "FAIL"
+    assert doctor._cuda_build_check({**info, "cuda": False}, [])[0] == "skip"
+    assert doctor._cuda_build_check({**info, "cuda": True, "cuda_version": "13.0", "cuda_archs": ["sm_90"]},
+                                    [gpu]) == ("ok", "CUDA 13.0 build for sm_90")
+    assert doctor._arch_check({"cuda_archs": ["sm_90"]}, gpu) == ("ok", "sm_90 machine code in the build")
+    assert doctor._arch_check({"cuda_archs": ["sm_80"]}, gpu)[1].startswith("no sm_90 machine code; runs from sm_80 PTX")
+    assert doctor._arch_check({"cuda_archs": ["sm_100"]}, gpu)[0] == "FAIL"
+    monkeypatch.setattr(pyxfer._build, "build_info", lambda: {**info, "torch": "2.0.0"})
+    code, out = run_doctor(capsys, "--no-cache", "--large", "1M")
+    assert code == 1 and "[FAIL] build matches torch: built against torch 2.0.0" in out
+
+
+def test_a_check_that_raises_is_a_failed_check():
+    def broken():
+        raise RuntimeError("no such device")
+    r = doctor.run_check("x", broken)
+    assert (r["status"], r["detail"]) == ("FAIL", "RuntimeError: no such device")

@@ -1,0 +1,237 @@
+"""The integration patch contract (pyxfer.integrations._patch) on real targets, and accelerate's
+opt-in patch_send_to_device."""
+import importlib.metadata
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import pyxfer
+from pyxfer.integrations import Integration, IntegrationError, PatchConflictError, PatchReport
+from pyxfer.integrations import accelerate as pxa
+
+accelerate = pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
+import accelerate.hooks  # noqa: E402
+import accelerate.utils.operations  # noqa: E402
+
+from integrations_models import dispatch, input_ids, tiny_llama  # noqa: E402
+
+ACCELERATE_VERSION = importlib.metadata.version("accelerate")
+
+
+class Owner:
+    """A real class as a patch owner: its own function, a staticmethod, an inherited attribute."""
+
+    def method(self):
+        return "original"
+
+    @staticmethod
+    def static():
+        return "static"
+
+
+class Child(Owner):
+    pass
+
+
+class OwnerPatch(Integration):
+    """An integration of accelerate (real import, real version check) that patches Owner/Child."""
+
+    def __init__(self, tested=("1.0", "99"), missing=False):
+        super().__init__("owner-test", module="accelerate.hooks", distribution="accelerate", tested=tested)
+        self.missing = missing
+
+    def bindings(self, target, *, tag="a"):
+        if tag not in ("a", "b"):
+            raise ValueError(f"tag must be 'a' or 'b', got {tag!r}")
+        yield Owner, "method", lambda self: f"patched-{tag}"
+        yield Owner, "static", staticmethod(lambda: f"static-{tag}")
+        yield Child, "method", lambda self: f"child-{tag}"  # inherited until patched
+        if self.missing:
+            yield Owner, "no_such_attribute", None
+
+
+def test_patch_unpatch_restores_the_identical_objects():
+    p = OwnerPatch()
+    own = dict(vars(Owner))
+    assert not p.is_patched() and p.report() is None
+    report = p.patch(tag="b")
+    assert isinstance(report, PatchReport) and report.options == {"tag": "b"}
+    assert report.target_version == ACCELERATE_VERSION
+    assert [b.where for b in report.bindings] == [
+        f"{__name__}.Owner.method", f"{__name__}.Owner.static", f"{__name__}.Child.method"]
+    assert report.bindings[0].original is own["method"] and report.bindings[1].original is own["static"]
+    assert report.bindings[2].inherited and not report.bindings[0].inherited
+    assert Owner().method() == "patched-b" and Owner.static() == "static-b" and Child().method() == "child-b"
+    assert "3 bindings patched" in str(report)
+    assert p.patch(tag="b") is report  # idempotent: nothing changes
+    with pytest.raises(ValueError, match=r"already patched with options \{'tag': 'b'\}"):
+        p.patch(tag="a")
+    p.unpatch()
+    assert not p.is_patched()
+    assert vars(Owner)["method"] is own["method"] and vars(Owner)["static"] is own["static"]
+    assert "method" not in vars(Child) and Child().method() == "original"
+    assert Owner.static() == "static"
+    p.unpatch()  # not patched: nothing to do
+
+
+def test_a_missing_binding_changes_nothing():
+    p = OwnerPatch(missing=True)
+    before = dict(vars(Owner))
+    with pytest.raises(IntegrationError, match=r"Owner has no attribute 'no_such_attribute'"):
+        p.patch()
+    assert dict(vars(Owner)) == before and "method" not in vars(Child) and not p.is_patched()
+
+
+def test_bad_options_raise_from_bindings_and_change_nothing():
+    p = OwnerPatch()
+    with pytest.raises(ValueError, match="tag must be"):
+        p.patch(tag="c")
+    with pytest.raises(TypeError):
+        p.patch(colour="red")
+    assert not p.is_patched() and Owner().method() == "original"
+
+
+def test_unpatch_refuses_a_binding_rebound_by_someone_else():
+    p = OwnerPatch()
+    original = vars(Owner)["method"]
+    p.patch()
+    theirs = lambda self: "theirs"  # noqa: E731
+    Owner.method = theirs
+    with pytest.raises(PatchConflictError, match=r"Owner.method now holds"):
+        p.unpatch()
+    assert p.is_patched() and vars(Owner)["method"] is theirs and Owner.static() == "static-a"  # nothing changed
+    with pytest.warns(RuntimeWarning, match="overwrites bindings re-bound"):
+        p.unpatch(force=True)
+    assert vars(Owner)["method"] is original and not p.is_patched() and Owner.static() == "static"
+
+
+def test_patched_context_unpatches_when_the_body_raises():
+    p = OwnerPatch()
+    with pytest.raises(KeyError):
+        with p.patched(tag="b") as report:
+            assert report.options == {"tag": "b"} and Owner().method() == "patched-b"
+            raise KeyError("body")
+    assert not p.is_patched() and Owner().method() == "original"
+    # A patch applied before the block is left in place after it.
+    p.patch()
+    with p.patched() as report:
+        assert report is p.report()
+    assert p.is_patched()
+    p.unpatch()
+
+
+def test_concurrent_patch_calls_patch_once():
+    p = OwnerPatch()
+    reports = []
+    threads = [threading.Thread(target=lambda: reports.append(p.patch())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in reports}) == 1 and Owner().method() == "patched-a"
+    p.unpatch()
+    assert Owner().method() == "original"
+
+
+def test_untested_version_is_an_import_error(monkeypatch):
+    monkeypatch.delenv("PYXFER_ALLOW_UNTESTED", raising=False)
+    p = OwnerPatch(tested=("0.1", "0.2"))
+    with pytest.raises(IntegrationError,
+                       match=rf"tested with accelerate>=0.1,<0.2, found accelerate {ACCELERATE_VERSION}"):
+        p.patch()
+    assert isinstance(IntegrationError("x"), ImportError) and Owner().method() == "original"
+    monkeypatch.setenv("PYXFER_ALLOW_UNTESTED", "1")
+    with pytest.warns(RuntimeWarning, match="PYXFER_ALLOW_UNTESTED"):
+        with OwnerPatch(tested=("0.1", "0.2")).patched():
+            assert Owner().method() == "patched-a"
+    assert Owner().method() == "original"
+
+
+def test_missing_library_is_an_import_error_naming_it():
+    class Missing(Integration):
+        def __init__(self):
+            super().__init__("missing", module="pyxfer_no_such_module", distribution="pyxfer-no-such-dist",
+                             tested=("1", "2"))
+
+        def bindings(self, target):
+            yield target, "x", None
+
+    with pytest.raises(IntegrationError, match=r"needs pyxfer-no-such-dist .* not installed: pip install") as e:
+        Missing().patch()
+    assert isinstance(e.value, ImportError) and e.value.name == "pyxfer_no_such_module"
+
+
+def test_bad_tested_range_is_rejected():
+    with pytest.raises(ValueError, match="tested must be"):
+        Integration("x", module="x", distribution="x", tested=("2", "1"))
+
+
+def test_version_ordering():
+    from pyxfer.integrations._patch import _below, _release
+    assert _release("1.15.0.dev0") == (1, 15) and _release("2.20.2+cu130") == (2, 20, 2)
+    assert _below("1.15.9", "1.16") and not _below("1.16.0rc1", "1.16") and not _below("1.16", "1.16.0")
+    assert _below("1.9.9", "1.10") and not _below("1.10.0", "1.10")
+
+
+def test_importing_pyxfer_imports_no_target_library():
+    code = ("import sys, pyxfer, pyxfer.integrations, pyxfer.integrations.accelerate;"
+            "bad = [m for m in ('accelerate', 'transformers', 'transformer_engine') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- accelerate's patch_send_to_device ----------------------------------------------------------
+
+def test_patch_send_to_device_rebinds_only_the_hooks_name(gen):
+    original = accelerate.hooks.send_to_device
+    assert original is accelerate.utils.operations.send_to_device
+    report = pxa.patch_send_to_device(verify="deferred")
+    try:
+        assert pxa.is_send_to_device_patched()
+        assert [(b.owner, b.attribute) for b in report.bindings] == [(accelerate.hooks, "send_to_device")]
+        assert report.bindings[0].original is original
+        replacement = accelerate.hooks.send_to_device
+        assert replacement is not original
+        # The dataloader's, the re-export's and the recursion's binding stay accelerate's.
+        assert accelerate.utils.operations.send_to_device is original
+        assert accelerate.utils.send_to_device is original
+        assert accelerate.data_loader.send_to_device is original
+        assert pxa.patch_send_to_device(verify="deferred") is report
+        # Same signature and semantics, positional and keyword.
+        x = torch.randn(3, generator=gen)
+        out = replacement({"a": (x,), "k": x}, "meta", False, ["k"])
+        assert out["a"][0].device.type == "meta" and out["k"] is x
+        assert replacement(x, "cpu", non_blocking=True) is x
+    finally:
+        pxa.unpatch_send_to_device()
+    assert accelerate.hooks.send_to_device is original and not pxa.is_send_to_device_patched()
+
+
+def test_patched_send_to_device_runs_a_dispatched_model_identically(gen):
+    model = tiny_llama(gen)
+    ids = input_ids(gen)
+    with torch.no_grad():
+        want = model(ids).logits
+    dispatch(model, "cpu", force_hooks=True)
+    with pxa.send_to_device_patched(include_cpu=True) as report:
+        assert report.options == {"verify": "sync", "include_cpu": True, "route": None}
+        with torch.no_grad():
+            got = model(ids).logits
+    assert torch.equal(got, want) and not pxa.is_send_to_device_patched()
+
+
+def test_patch_send_to_device_rejects_bad_options():
+    with pytest.raises(ValueError, match="verify must be one of"):
+        pxa.patch_send_to_device(verify="later")
+    with pytest.raises(ValueError, match="route must be one of"):
+        pxa.patch_send_to_device(route="carrier-pigeon")
+    assert not pxa.is_send_to_device_patched()
+
+
+def test_pyxfer_exports():
+    assert pyxfer.integrations.IntegrationError is IntegrationError
+    assert {"audit", "device_guard", "on_device_of"} <= set(pyxfer.__all__)

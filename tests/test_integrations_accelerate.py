@@ -1,0 +1,400 @@
+"""pyxfer on accelerate-dispatched models (CPU): send_to_device's semantics in the verified move,
+attach/detach on real dispatched transformers models (force_hooks, disk offload, from_pretrained
+with a device_map), bit-identical logits and generate() tokens, exceptions, re-entrancy, threads,
+training through adapters. The cross-device cases run in test_integrations_gpu.py."""
+import collections
+import collections.abc
+import threading
+
+import pytest
+import torch
+
+import pyxfer
+from pyxfer.integrations import accelerate as pxa
+from pyxfer.nested import verified_send
+
+accelerate = pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
+transformers = pytest.importorskip("transformers",
+                                   reason="the integration tests need transformers (pip install '.[test]')")
+from accelerate import dispatch_model  # noqa: E402
+from accelerate.utils import send_to_device  # noqa: E402
+
+from integrations_models import (  # noqa: E402
+    block_names, clone_model, device_map, dispatch, hook_state, input_ids, tiny_llama)
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+class Frozen(collections.abc.Mapping):
+    """A Mapping that is not a dict (rebuilt as type(m)({...}), like send_to_device does)."""
+
+    def __init__(self, data):
+        self._data = dict(data)
+
+    def __getitem__(self, k):
+        return self._data[k]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: moved through its own .to (keeps the subclass)."""
+
+
+class OnlyTo:
+    """An object with a .to that rejects non_blocking (send_to_device retries without it)."""
+
+    def __init__(self, device="cpu"):
+        self.device = device
+
+    def to(self, device):
+        return OnlyTo(str(device))
+
+
+class MyList(list):
+    pass
+
+
+def structure(gen):
+    x = torch.randn(5, 7, generator=gen)
+    y = torch.randn(3, 4, generator=gen).t()  # non-contiguous
+    return x, y, {
+        "tuple": (x, None, 3, "s"),
+        "list": [y, [x, (y,)]],
+        "mylist": MyList([x, y]),
+        "pair": Pair(x, (y, None)),
+        "ordered": collections.OrderedDict(a=x, b=y),
+        "frozen": Frozen({"a": x, "skip": y}),
+        "skip": x,  # skip_keys apply at every level
+        "nested": {"skip": y, "keep": [x]},
+        "encoding": transformers.BatchEncoding({"input_ids": x}),
+        "subclass": x.as_subclass(Tagged),
+        "param": torch.nn.Parameter(y.clone()),
+        "only_to": OnlyTo(),
+        "none": None,
+        "number": 1.5,
+    }
+
+
+def assert_same_structure(got, want, device):
+    """got (pyxfer) and want (accelerate) have the same types, containers and leaves."""
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, torch.Tensor):
+        assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape
+        assert got.stride() == want.stride() and got.requires_grad == want.requires_grad
+        if want.device.type != "meta":
+            assert torch.equal(got, want)
+    elif isinstance(want, transformers.BatchEncoding):
+        assert_same_structure(dict(got), dict(want), device)
+    elif isinstance(want, OnlyTo):
+        assert got.device == want.device
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        if hasattr(want, "_fields"):
+            assert got._fields == want._fields
+        for g, w in zip(got, want):
+            assert_same_structure(g, w, device)
+    elif isinstance(want, collections.abc.Mapping):
+        assert list(got.keys()) == list(want.keys())
+        for k in want:
+            assert_same_structure(got[k], want[k], device)
+    else:
+        assert got is want
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", torch.device("meta")], ids=str)
+@pytest.mark.parametrize("skip_keys", [None, "skip", ["skip", "b"]], ids=str)
+def test_verified_send_has_send_to_device_semantics(device, skip_keys, gen):
+    x, y, data = structure(gen)
+    got = verified_send(data, device, skip_keys=skip_keys, include_cpu=True)
+    want = send_to_device(data, device, skip_keys=skip_keys)
+    assert_same_structure(got, want, device)
+    skipped = [skip_keys] if isinstance(skip_keys, str) else (skip_keys or [])
+    if "skip" in skipped:
+        assert got["skip"] is x and got["nested"]["skip"] is y and got["frozen"]["skip"] is y
+    if device == "cpu":  # a same-device move returns the very same tensor
+        assert got["tuple"][0] is x and got["list"][0] is y and got["pair"].first is x
+    assert isinstance(got["subclass"], Tagged) and got["pair"].second[1] is None
+    assert got["tuple"][2:] == (3, "s") and got["number"] == 1.5 and got["none"] is None
+    # Positional args: skip_keys never apply to a tuple's elements, only to mapping keys.
+    assert verified_send((x,), "meta", skip_keys="skip")[0].device.type == "meta"
+
+
+def test_verified_send_leaves_non_tensors_alone(gen):
+    obj = object()
+    assert verified_send(obj, "meta") is obj and verified_send(None, "cuda") is None  # no CUDA touched
+    assert verified_send("text", 0) == "text" and verified_send((), "cpu") == ()
+
+
+def test_verified_send_rejects_bad_options(gen):
+    x = torch.randn(2, generator=gen)
+    with pytest.raises(ValueError, match="pyxfer.nested.verified_send: verify must be one of"):
+        verified_send(x, "cpu", verify="eventually")
+    with pytest.raises(ValueError, match="route must be one of"):
+        verified_send(x, "cpu", route="scenic")
+    with pytest.raises(TypeError, match="skip_keys must be a key, a list of keys or None, got int"):
+        verified_send({"a": x}, "cpu", skip_keys=3)
+
+
+# ---- attach / detach ------------------------------------------------------------------------------
+
+def dispatched_llama(gen, devices="cpu", **kwargs):
+    ref = tiny_llama(gen)
+    model = dispatch(clone_model(ref), devices, force_hooks=True, **kwargs)
+    return ref, model
+
+
+def test_attach_detach_round_trip_restores_the_model(gen):
+    _, model = dispatched_llama(gen)
+    before = hook_state(model)
+    align_hooks = {n: m._hf_hook for n, m in model.named_modules() if hasattr(m, "_hf_hook")}
+    attachment = pxa.attach(model)
+    assert pxa.is_attached(model) and attachment.attached
+    assert list(attachment.blocks) == [""] + block_names()
+    assert all(d == torch.device("cpu") for d in attachment.blocks.values())
+    assert hook_state(model) != before
+    assert model._hf_hook.io_same_device is False  # the root's outputs go back through pyxfer
+    assert pxa.attach(model) is attachment  # same options: the same attachment
+    with pytest.raises(ValueError, match="already attached with"):
+        pxa.attach(model, verify="deferred")
+    pxa.detach(model)
+    assert hook_state(model) == before and not pxa.is_attached(model) and not attachment.attached
+    assert model._hf_hook.io_same_device is True
+    assert {n: m._hf_hook for n, m in model.named_modules() if hasattr(m, "_hf_hook")} == align_hooks
+    pxa.detach(model)  # not attached: nothing to do
+    with pxa.attach(model, verify="deferred", include_cpu=True) as again:
+        assert again is not attachment and again.options["verify"] == "deferred"
+    assert hook_state(model) == before
+
+
+def test_logits_and_generate_are_bit_identical_with_attach(gen):
+    ref, model = dispatched_llama(gen)
+    ids = input_ids(gen)
+    with torch.no_grad():
+        want = ref(ids).logits
+        plain = model(ids).logits
+        with pxa.attach(model, include_cpu=True):
+            got = model(ids).logits
+            tokens = model.generate(ids[:1], max_new_tokens=6, do_sample=False)
+    assert torch.equal(plain, want) and torch.equal(got, want)
+    assert torch.equal(tokens, ref.generate(ids[:1], max_new_tokens=6, do_sample=False))
+
+
+def test_dispatch_with_a_disk_offloaded_block(gen, tmp_path):
+    ref = tiny_llama(gen)
+    devices = ["cpu"] * len(block_names())
+    devices[block_names().index("model.layers.1")] = "disk"
+    model = dispatch(clone_model(ref), devices, offload_dir=str(tmp_path))
+    ids = input_ids(gen)
+    with torch.no_grad(), pxa.attach(model, include_cpu=True) as attachment:
+        got = model(ids).logits
+        tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
+    assert "model.layers.1" in attachment.blocks
+    offloaded = [n for n, m in model.get_submodule("model.layers.1").named_modules()
+                 if getattr(getattr(m, "_hf_hook", None), "offload", False)]
+    assert offloaded and model.get_submodule("model.layers.1.mlp.up_proj").weight.device.type == "meta"
+    with torch.no_grad():
+        assert torch.equal(got, ref(ids).logits)
+        assert torch.equal(tokens, ref.generate(ids[:1], max_new_tokens=5, do_sample=False))
+
+
+def test_from_pretrained_with_a_device_map_saved_locally(gen, tmp_path):
+    """transformers' own dispatch (a disk entry makes it call dispatch_model, with Llama's skip_keys)."""
+    ref = tiny_llama(gen)
+    ref.save_pretrained(tmp_path / "model")
+    devices = ["cpu"] * len(block_names())
+    devices[block_names().index("model.layers.2")] = "disk"
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "model", device_map=device_map(devices), offload_folder=str(tmp_path / "offload"),
+        dtype=torch.float32).eval()
+    assert model._hf_hook.skip_keys == model._skip_keys_device_placement
+    ids = input_ids(gen)
+    with torch.no_grad():
+        want = ref(ids).logits
+        with pxa.attach(model, include_cpu=True) as attachment:
+            got = model(ids).logits
+            tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
+    assert set(attachment.blocks) == {""} | set(model.hf_device_map)
+    assert torch.equal(got, want)
+    assert torch.equal(tokens, ref.generate(ids[:1], max_new_tokens=5, do_sample=False))
+
+
+class Boom(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+        self.fail = False
+
+    def forward(self, x, scale=None):
+        if self.fail:
+            raise RuntimeError("boom inside the block")
+        return self.linear(x) * (1 if scale is None else scale)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(5, 6)
+        self.boom = Boom()
+        self.last = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.last(self.boom(self.first(x), scale=torch.tensor(2.0)))
+
+
+def test_forward_raising_inside_a_block_leaves_nothing_behind(gen):
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    attachment = pxa.attach(net)
+    net.boom.fail = True
+    with pytest.raises(RuntimeError, match="boom inside the block"):
+        net(x)
+    assert all(b.stack() == [] for b in attachment._blocks)
+    net.boom.fail = False
+    assert torch.equal(net(x), want)
+    pxa.detach(net)
+
+
+class Recursive(torch.nn.Module):
+    """Calls itself: the same attached block entered while it is already running."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.depths = []
+
+    def forward(self, x, depth):
+        self.depths.append(depth)
+        return x if depth == 0 else self.linear(self(x, depth - 1))
+
+
+def test_attach_is_re_entrant_and_thread_safe(gen):
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    model = dispatch_model(Recursive(), {"": "cpu"}, force_hooks=True)
+    x = torch.randn(3, 4, generator=gen)
+    want = model(x, 4)
+    attachment = pxa.attach(model)
+    results, errors = [], []
+
+    def run():
+        try:
+            for _ in range(20):
+                results.append(torch.equal(model(x, 4), want))
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 80 and all(results)
+    assert attachment._blocks[0].stack() == []
+    pxa.detach(model)
+
+
+class LoRA(torch.nn.Module):
+    """A PEFT-style low-rank adapter around a frozen Linear."""
+
+    def __init__(self, base, rank, gen):
+        super().__init__()
+        self.base = base
+        self.a = torch.nn.Parameter(torch.randn(rank, base.in_features, generator=gen) * 0.1)
+        self.b = torch.nn.Parameter(torch.randn(base.out_features, rank, generator=gen) * 0.1)
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a.t() @ self.b.t()
+
+
+def with_adapters(model, gen):
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = LoRA(layer.self_attn.q_proj, 3, gen)
+        layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj, 3, gen)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith((".a", ".b")))
+    return model
+
+
+def adapter_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_training_through_adapters_gives_identical_gradients(gen):
+    ref = with_adapters(tiny_llama(gen), gen).train()
+    model = dispatch(clone_model_with_adapters(ref, gen), "cpu", force_hooks=True).train()
+    ids = input_ids(gen)
+    want_loss, want = adapter_grads(ref, ids)
+    with pxa.attach(model, include_cpu=True):
+        loss, got = adapter_grads(model, ids)
+    assert torch.equal(loss, want_loss) and got.keys() == want.keys() and len(got) == 4 * 3
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+
+
+def clone_model_with_adapters(ref, gen):
+    other = with_adapters(type(ref)(ref.config).eval(), gen)
+    other.load_state_dict(ref.state_dict())
+    return other
+
+
+def test_attach_rejects_what_it_cannot_attach_to(gen):
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        pxa.attach("model")
+    model = tiny_llama(gen)
+    with pytest.raises(ValueError, match="has no accelerate AlignDevicesHook"):
+        pxa.attach(model)
+    _, dispatched = dispatched_llama(gen)
+    with pytest.raises(ValueError, match="verify must be one of"):
+        pxa.attach(dispatched, verify="none")
+    assert not pxa.is_attached(dispatched) and not pxa.is_attached(model)
+
+
+def test_deferred_attachment_checks_transfers_on_detach(gen):
+    ref, model = dispatched_llama(gen)
+    ids = input_ids(gen)
+    pyxfer.check_transfers()
+    with torch.no_grad(), pxa.attach(model, verify="deferred", include_cpu=True):
+        got = model(ids).logits
+    with torch.no_grad():
+        assert torch.equal(got, ref(ids).logits)
+
+
+def test_attached_hooks_are_skipped_by_torch_compile(gen):
+    """The hooks are torch.compiler.disable'd (graph breaks, like accelerate's): a compiled attached
+    model gives the eager result."""
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    torch._dynamo.reset()
+    with pxa.attach(net) as attachment:
+        compiled = torch.compile(net, backend="eager")
+        assert torch.equal(compiled(x), want) and torch.equal(compiled(x), want)
+        assert all(b.stack() == [] for b in attachment._blocks)
+    torch._dynamo.reset()
+
+
+def test_verified_leaf_keeps_strides_and_gradients(gen):
+    """The leaf copy verified_send uses between devices (reached here CPU -> CPU through the private
+    helper: a CPU machine has no second device; the GPU tests cover it through verified_send)."""
+    from pyxfer.nested import _Move, _verified
+    m = _Move("cpu", False, frozenset(), "sync", None, True, True)
+    base = torch.randn(4, 6, 10, generator=gen, dtype=torch.float64)
+    views = (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2], base[1:2].expand(3, 6, 10))
+    for t in views:
+        out = _verified(t, m)
+        want = t.to("meta")  # Tensor.to's strides: kept when dense and non-overlapping, else contiguous
+        assert torch.equal(out, t) and out.stride() == want.stride() and out.data_ptr() != t.data_ptr()
+    x = base.clone().transpose(1, 2).requires_grad_()
+    w = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    (_verified(x, m) * w).sum().backward()
+    assert torch.equal(x.grad, w)
