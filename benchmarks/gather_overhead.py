@@ -12,10 +12,11 @@ collective posted, pyxfer.gather.exchange.Records), finish (waiting + post-proce
 records) and other (the rest of the call: the record encoded, the signature compared, the handle).
 Wall: median per call of a plain loop; own time and steps: medians per call of a second,
 instrumented loop (each call's own time is its wall time minus its own torch.distributed time and
-device waits (Event.synchronize, a CUDA tensor's tolist), so a peer's lateness does not count; the wrappers add ~0.3 us per step), and its CPU
-time (this thread's CPU time per call minus that inside torch.distributed calls and device waits:
-what the own time would be on an idle machine, as a preempted process's wall time is not). torch's own all-gather of the same shard
-(plain, host time per call) is the baseline in the same run. Goal (issue 20): <= 30 us for an
+device waits (Event.synchronize, a CUDA tensor's tolist), so a peer's lateness does not count; the
+wrappers add ~0.3 us per step), and its CPU time (this thread's CPU time per call minus that inside
+torch.distributed calls and device waits: what the own time would be on an idle machine, as a
+preempted process's wall time is not). torch's own all-gather of the same shard (plain, host time
+per call) is the baseline in the same run. Goal (issue 20): <= 30 us for an
 already-quantized MXFP8 or FP8-block input, <= 50 us with verify=True.
 
     python benchmarks/gather_overhead.py --mode gloo [--rows 128 --cols 128] [--calls 2000]
@@ -197,8 +198,8 @@ class StepClock:
 def host_cases(G, formats, device, rows, cols):
     x = torch.randn(rows, cols, dtype=torch.bfloat16, device=device)
     mx, fp8 = formats.quantize(x, "mxfp8"), formats.quantize(x, "fp8_block_1x128")
-    return {"pyxfer bf16": (x, {}), "pyxfer mxfp8 rowwise": (mx, {}), "pyxfer mxfp8 rowwise + verify": (mx, {"verify": True}),
-            "pyxfer fp8_block_1x128 rowwise": (fp8, {}),
+    return {"pyxfer bf16": (x, {}), "pyxfer mxfp8 rowwise": (mx, {}),
+            "pyxfer mxfp8 rowwise + verify": (mx, {"verify": True}), "pyxfer fp8_block_1x128 rowwise": (fp8, {}),
             "pyxfer fp8_block_1x128 rowwise + verify": (fp8, {"verify": True})}
 
 
@@ -285,7 +286,8 @@ def host_main(a):
         mp.start_processes(host_worker, args=(world, tmp, a.mode, a.rows, a.cols, a.calls, out), nprocs=world,
                            start_method="spawn")
         lines = out.get()
-    where = f"gloo, {world} CPU processes" if a.mode == "gloo" else f"1-rank NCCL group, {torch.cuda.get_device_name(0)}"
+    where = f"gloo, {world} CPU processes" if a.mode == "gloo" else \
+        f"1-rank NCCL group, {torch.cuda.get_device_name(0)}"
     print(f"pyxfer host time per steady-state call ({where}; {a.rows}x{a.cols} bf16 shard; median of {a.calls} "
           f"calls; us)")
     print(f"| call | wall per call | pyxfer's own host time | its CPU time | {' / '.join(HOST_STEPS)} |\n"
@@ -294,7 +296,8 @@ def host_main(a):
         if own is None:
             print(f"| {name} | {wall:.1f} | - | - | - |")
             continue
-        print(f"| {name} | {wall:.1f} | {own:.1f} | {own_cpu:.1f} | {' / '.join(f'{steps[k]:.1f}' for k in HOST_STEPS)} |")
+        split = " / ".join(f"{steps[k]:.1f}" for k in HOST_STEPS)
+        print(f"| {name} | {wall:.1f} | {own:.1f} | {own_cpu:.1f} | {split} |")
 
 
 def main():

@@ -5,11 +5,23 @@ world size 1, NVFP4 amax handling, FP8 options, warnings, async post-processing.
 import warnings
 
 import torch
+from gather_harness import (
+    HP_DTYPES,
+    NOT_QUANTIZABLE,
+    QUANTIZABLE,
+    USAGES,
+    assert_same,
+    expect_warning,
+    full_tensor,
+    gather,
+    noncontig,
+    nvfp4_opts,
+    qt_noncontig,
+    shard_of,
+)
 
 import pyxfer.gather
 import pyxfer.gather.errors
-from gather_harness import (QUANTIZABLE, NOT_QUANTIZABLE, HP_DTYPES, USAGES, assert_same, expect_warning,
-                            full_tensor, gather, noncontig, nvfp4_opts, qt_noncontig, shard_of)
 from pyxfer import formats
 from pyxfer.gather import GatherHandle, QuantizedGatherFallbackWarning, all_gather
 from pyxfer.testing import inject_fault

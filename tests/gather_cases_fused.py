@@ -5,11 +5,11 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from gather_harness import assert_same, full_tensor, gather, in_step, reachable, scratch_posts, shard_of, state
 
 import pyxfer.gather
 import pyxfer.gather.exchange
 import pyxfer.gather.layouts
-from gather_harness import assert_same, full_tensor, gather, in_step, reachable, scratch_posts, shard_of, state
 from pyxfer import formats
 from pyxfer.gather import all_gather
 

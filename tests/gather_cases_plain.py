@@ -1,8 +1,8 @@
 """Gather cases: plain tensors of every dtype (odd shapes, empty, non-contiguous, sync/async,
 verify) and a subgroup of 2 ranks."""
 import torch
-
 from gather_harness import assert_same, gather, noncontig, shard_of
+
 from pyxfer.gather import GatherVerificationError, all_gather
 from pyxfer.testing import inject_fault
 

@@ -205,9 +205,8 @@ def reachable(root, limit=200_000) -> list:
 
 def _filled(cell):
     try:
-        cell.cell_contents
-        return True
-    except ValueError:
+        return cell.cell_contents is not None or True
+    except ValueError:  # an empty cell
         return False
 
 

@@ -19,7 +19,6 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gather_harness import Ctx, cases  # noqa: E402
 
-
 # ---- main -------------------------------------------------------------------------------------
 
 def main():

@@ -13,10 +13,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from ..checksums import as_uint64
 from . import record as rec
 from .errors import OP, GatherVerificationError
 from .layouts import Part, as_bytes
-from ..checksums import as_uint64
 
 _OPTS = None
 

@@ -8,7 +8,7 @@ sending and zero-padded after, so the result is bit-identical (padding included)
 full tensor in one process. Everything here is local: no collective, no record."""
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -53,12 +53,12 @@ class Gathered(NamedTuple):
     "prefix" (it is the first rows of the zero-padded result ``out_shape``) or "swap" (rank-major
     [W, A, B...] -> [A, W, B...], reshaped to ``out_shape`` or zero-padded into ``pad_shape``)."""
     name: str
-    trim: Optional[tuple]
+    trim: tuple | None
     send_shape: tuple
     dtype: torch.dtype
     fixup: str
-    out_shape: Optional[tuple]
-    pad_shape: Optional[tuple] = None
+    out_shape: tuple | None
+    pad_shape: tuple | None = None
 
 
 def _rup(a, b):

@@ -16,7 +16,8 @@ from .. import formats
 from .errors import OP
 
 KIND_PLAIN, KIND_QUANTIZED, KIND_TO_QUANTIZE = 0, 1, 2  # tensor; QuantizedTensor; tensor + quantize_as
-KIND_NAMES = {KIND_PLAIN: "plain tensor", KIND_QUANTIZED: "QuantizedTensor", KIND_TO_QUANTIZE: "tensor with quantize_as"}
+KIND_NAMES = {KIND_PLAIN: "plain tensor", KIND_QUANTIZED: "QuantizedTensor",
+              KIND_TO_QUANTIZE: "tensor with quantize_as"}
 # Format codes: 0 none (a plain tensor), then pyxfer.formats.FORMATS in order.
 FORMAT_CODE = {fmt: i + 1 for i, fmt in enumerate(formats.FORMATS)}
 NVFP4_CODE = FORMAT_CODE["nvfp4"]
