@@ -239,7 +239,7 @@ def same_bits(a, b):
 
 def check(r: Rank, case: Case):
     """(ok, detail): the path taken and the result bitwise against the reference (outside the timing)."""
-    pyxfer.gather._warned.clear()  # the fallback warning is shown once per call site: show it again
+    pyxfer.gather.errors._warned.clear()  # the fallback warning is shown once per call site: show it again
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", QuantizedGatherFallbackWarning)
         got = case.fn()

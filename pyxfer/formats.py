@@ -17,6 +17,7 @@ M is the product of the leading dims, K the last dim. Buffers are exactly TE's (
 written by pyxfer is zero (TE leaves it unspecified: compare only the logical region with TE).
 All work runs on the device of the data (CPU or CUDA, bit-identical).
 """
+import copy
 import functools
 import math
 
@@ -594,3 +595,35 @@ class QuantizeSpec:
         opts = "".join(f", {k}={v!r}" for k, v in self._options)
         return (f"QuantizeSpec({self.fmt!r}, rowwise={self.rowwise}, columnwise={self.columnwise}, "
                 f"fp8_dtype={self.fp8_dtype}{opts})")
+
+
+# ---- layout helpers for pyxfer.gather -------------------------------------------------------------
+# (one block: the gather wraps gathered buffers as tensors of a spec's format and options)
+
+_TENSOR_CLASSES = {"fp8_block_1x128": Float8BlockTensor, "fp8_block_128x128": Float8BlockTensor,
+                   "mxfp8": MXFP8Tensor, "nvfp4": NVFP4Tensor}
+
+
+def tensor_from_buffers(spec: "QuantizeSpec", shape, dtype, buffers: dict, *, like=None) -> QuantizedTensor:
+    """A QuantizedTensor of ``spec``'s format and options (scales swizzled iff its
+    gemm_swizzled_scales option is) wrapping ``buffers`` (names as ``QuantizedTensor.buffers()``;
+    NVFP4 amax buffers included), validated, not copied. ``shape``: logical shape; ``dtype``: nominal
+    dtype. ``like``: a tensor this function returned for the same spec, shape and dtype from buffers
+    of the same names, shapes, dtypes and device (the caller guarantees it): the new one is made
+    like it without validating again (host time of a call that repeats). Raises ValueError as the
+    tensor class's constructor does."""
+    if like is not None:
+        out = copy.copy(like)
+        for name in BUFFER_NAMES + getattr(out, "_EXTRA_BUFFERS", ()):
+            setattr(out, name, buffers.get(name))
+        return out
+    opts = spec.options
+    kwargs = dict(shape=torch.Size(shape), dtype=dtype, **buffers)
+    if spec.fmt.startswith("fp8_block"):
+        kwargs.update(fp8_dtype=spec.fp8_dtype, block_dim=1 if spec.fmt == "fp8_block_1x128" else 2,
+                      pow2_scales=opts["pow2_scales"], amax_epsilon=opts["amax_epsilon"])
+    elif spec.fmt == "mxfp8":
+        kwargs.update(fp8_dtype=spec.fp8_dtype, gemm_swizzled_scales=opts["gemm_swizzled_scales"])
+    else:
+        kwargs.update(gemm_swizzled_scales=opts["gemm_swizzled_scales"])
+    return _TENSOR_CLASSES[spec.fmt](**kwargs)

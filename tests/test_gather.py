@@ -8,11 +8,8 @@ verify on/off) compared bit-exactly with quantizing the full tensor in one proce
 NVFP4 amax handling, warnings, async post-processing, shards corrupted in transit (caught by verify,
 let through without it), disagreements across ranks (an error on every rank, no hang), world size 1.
 """
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import warnings
 
 import pytest
@@ -21,63 +18,22 @@ import torch.distributed as dist
 
 import pyxfer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import gather_worker  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gather_harness import case_names, run_group  # noqa: E402
 
 WORLD_SIZES = (2, 3, 4)
-SPAWN_TIMEOUT_S = 240
 
 
-def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S, seed=None):
-    """Spawn ``world`` worker processes; returns (seed, {case: [None or error text per rank]}). A
-    rank that died or hung is reported on the first case it did not finish. PYXFER_GATHER_SEED
-    replays a failing run's seed."""
-    if seed is None:
-        seed = int(os.environ.get("PYXFER_GATHER_SEED") or int.from_bytes(os.urandom(4), "little"))
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{tmp}/init"
-        # no empty PYTHONPATH entry: that would put the working directory (maybe a source tree
-        # without the built extension) ahead of the installed pyxfer
-        path = [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
-               "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "gather_worker.py"), "--rank", str(r),
-                                   "--world", str(world), "--init", init, "--out", tmp, "--seed", str(seed),
-                                   "--backend", backend, *extra],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-                 for r in range(world)]
-        outputs = []
-        for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                outputs.append(p.communicate()[0] + f"\n(killed after {timeout} s)")
-        results = {}
-        for r in range(world):
-            path = os.path.join(tmp, f"rank{r}.jsonl")
-            records = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-            for rec in records:
-                results.setdefault(rec["case"], [None] * world)[r] = None if rec["ok"] else rec["error"]
-            done = {rec["case"] for rec in records}
-            missing = [c for c in gather_worker.case_names(world) if c not in done]
-            if missing:  # died or hung: blame the first case it did not finish
-                tail = outputs[r][-3000:] if r < len(outputs) else ""
-                results.setdefault(missing[0], [None] * world)[r] = f"rank {r} did not finish (seed {seed}):\n{tail}"
-                for c in missing[1:]:
-                    results.setdefault(c, [None] * world)[r] = f"rank {r} did not get to this case"
-        return seed, results
-
-
-_cache = {}
-
-
-def group_results(world):
-    if world not in _cache:
-        _cache[world] = run_group(world)
-    return _cache[world]
+def selected_cases(request, test_name, **params):
+    """The case names of this session's ``test_name[...]`` items whose other parameters are ``params``:
+    what the group must run (``pytest -k`` deselects the others before the first item runs)."""
+    names = []
+    for item in request.session.items:
+        spec = getattr(item, "callspec", None)
+        if item.originalname == test_name and spec is not None and \
+                all(spec.params.get(k) == v for k, v in params.items()):
+            names.append(spec.params["case"])
+    return names
 
 
 def assert_case_passed(seed, results, case):
@@ -88,9 +44,16 @@ def assert_case_passed(seed, results, case):
     assert not failed, f"seed {seed}: " + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed)
 
 
-@pytest.mark.parametrize("world,case", [(w, c) for w in WORLD_SIZES for c in gather_worker.case_names(w)])
-def test_gather_case(world, case):
-    assert_case_passed(*group_results(world), case)
+_cache = {}
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w in WORLD_SIZES for c in case_names(w)])
+def test_gather_case(request, world, case):
+    """One case on a gloo group of ``world`` CPU processes: the group is spawned once per world size
+    and runs every selected case of that size (``pytest -k <case>`` runs only the matching ones)."""
+    if world not in _cache:
+        _cache[world] = run_group(world, only=selected_cases(request, "test_gather_case", world=world))
+    assert_case_passed(*_cache[world], case)
 
 
 # ---- single-process checks (no group of several ranks needed) ---------------------------------
