@@ -52,6 +52,25 @@ def _zero_quantize_impl(self, t):
 
 
 @contextlib.contextmanager
+def collective_inputs():
+    """Within the block, whether each input TE hands to ``torch.distributed.all_gather_into_tensor``
+    is contiguous (a list of bools); the real collective runs. NCCL rejects a non-contiguous input
+    ("Tensors must be contiguous"); gloo (torch 2.14) copies it, so on CPU this is how it shows."""
+    seen = []
+    original = dist.all_gather_into_tensor
+
+    def record(output_tensor, input_tensor, *args, **kwargs):
+        seen.append(input_tensor.is_contiguous())
+        return original(output_tensor, input_tensor, *args, **kwargs)
+
+    dist.all_gather_into_tensor = record
+    try:
+        yield seen
+    finally:
+        dist.all_gather_into_tensor = original
+
+
+@contextlib.contextmanager
 def unpatched_te_on_cpu():
     """Within the block TE's own gather code runs on CPU / gloo (see the module docstring)."""
     import transformer_engine.pytorch.distributed as ted
