@@ -3,7 +3,7 @@
 TE's ``transformer_engine.pytorch.distributed.gather_along_first_dim`` (sequence / tensor
 parallelism) falls back to a high-precision gather whenever a shard is not quantizable, and those
 fallbacks are wrong in several ways (specs/quantized-formats.md §6.6): the input is never made
-contiguous (NCCL and gloo reject it), ``async_op`` is dropped, MXFP8 / NVFP4 requantization of a
+contiguous (NCCL rejects it), ``async_op`` is dropped, MXFP8 / NVFP4 requantization of a
 gathered shape that is still not a multiple of the block asserts in TE's allocator, 128x128 FP8
 block tensors are never gathered quantized, and NVFP4 shards with different global amax are
 concatenated as if they shared one. ``patch()`` puts pyxfer's gather behind TE's own entry points::
@@ -245,9 +245,10 @@ class _FillOnWait:
             self._done = True
 
 
-def _gather(te, family, spec, inp, group, quantizer, *, async_op, out_shape, output_tensor, verify):
-    """TE's helper contract, done by pyxfer.all_gather: (out, handle)."""
-    x = _wrap(family, inp, quantizer) if isinstance(inp, te.storage[family]) else inp
+def _gather(family, spec, x, group, quantizer, *, async_op, output_tensor, verify):
+    """TE's helper contract, done by pyxfer.all_gather on ``x`` (a high-precision tensor or a
+    wrapped TE tensor): (out, handle). With a handle (or an output_tensor) the result is copied into
+    the tensor returned at once, in ``handle.wait()``, as TE's own helpers fill theirs in place."""
     if family == "nvfp4" and not isinstance(x, formats.QuantizedTensor):
         spec = _nvfp4_amax_spec(spec, quantizer, x, group)
     if not async_op and output_tensor is None:
@@ -284,16 +285,17 @@ def _make_helper(te, name, original, verify):
         ours = (set(kwargs) <= _KNOWN_KWARGS and not kwargs.get("external_coalescing", False)
                 and isinstance(quantizer, te.quantizer[family]) and dist.get_world_size(process_group) > 1)
         spec = _spec(family, quantizer) if ours else None
+        x = None
         if spec is not None:
             if isinstance(inp, te.storage[family]):
-                ours = _wrap(family, inp, quantizer) is not None
-            else:
-                ours = isinstance(inp, torch.Tensor) and not isinstance(inp, te.QuantizedTensorStorage) \
-                    and inp.dtype in formats.INPUT_DTYPES and inp.dim() >= 1
-        if spec is None or not ours:
+                x = _wrap(family, inp, quantizer)
+            elif isinstance(inp, torch.Tensor) and not isinstance(inp, te.QuantizedTensorStorage) \
+                    and inp.dtype in formats.INPUT_DTYPES and inp.dim() >= 1:
+                x = inp
+        if x is None:  # something pyxfer does not implement: TE's own code, unchanged
             return original(inp, process_group, **kwargs)
-        return _gather(te, family, spec, inp, process_group, quantizer, async_op=bool(kwargs.get("async_op", False)),
-                       out_shape=kwargs.get("out_shape"), output_tensor=kwargs.get("output_tensor"), verify=verify)
+        return _gather(family, spec, x, process_group, quantizer, async_op=bool(kwargs.get("async_op", False)),
+                       output_tensor=kwargs.get("output_tensor"), verify=verify)
 
     helper.__pyxfer_original__ = original
     return helper
@@ -316,7 +318,7 @@ def _make_gather_along_first_dim(te, original, verify):
         if not generic:
             return original(*args, **kwargs)
         # TE's generic path: high-precision gather, then the quantizer. TE passes the input as it
-        # is (a non-contiguous one fails in NCCL / gloo); pyxfer gathers any strides.
+        # is (NCCL rejects a non-contiguous one); pyxfer gathers any strides.
         x = inp.dequantize() if isinstance(inp, te.QuantizedTensorStorage) else inp
         return quantizer(all_gather(x, group, verify=verify)), None
 
