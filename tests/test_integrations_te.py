@@ -184,6 +184,14 @@ def test_modules_bound_before_and_after_patch(ted, tmp_path, monkeypatch):
         sys.modules.pop("pyxfer_te_late", None)
 
 
+def _python(code):
+    """``code`` in a fresh interpreter importing the same pyxfer as this one: run from tests/te, not
+    the source tree (whose pyxfer/ may lack a build for this torch), with PYTHONPATH made absolute."""
+    path = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=os.path.join(HERE, "te"), env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+
+
 def test_te_missing_is_a_clear_error():
     """Without TE (this venv, or TE's import blocked in a fresh interpreter): IntegrationError."""
     if not TE_OK:
@@ -205,15 +213,13 @@ def test_te_missing_is_a_clear_error():
         except IntegrationError as e:
             print("IntegrationError:", e)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=os.path.join(HERE, "te"))  # not the source tree (its pyxfer/ may lack a build)
+    out = _python(code)
     assert "IntegrationError: pyxfer.integrations.transformer_engine: importing transformer_engine.pytorch" \
         in out.stdout, out.stdout + out.stderr
 
 
 def test_importing_the_integration_imports_no_te():
     code = "import sys, pyxfer.integrations.transformer_engine; print(any(m.startswith('transformer_engine') for m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=os.path.join(HERE, "te"))  # not the source tree (its pyxfer/ may lack a build)
+    out = _python(code)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
