@@ -22,7 +22,7 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import shims
-from gather_worker import Ctx, full_tensor, noncontig, raw, shard_of
+from gather_worker import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of
 
 import pyxfer
 from pyxfer import formats
@@ -170,14 +170,14 @@ def requantized(qs, row=True, col=False):
 
 
 def matrix_cases():
-    """format x usages x quantizable or not x input (high precision contiguous / not, TE quantized
-    tensor) x sync / async; the dtype and internal (Storage) results rotate."""
+    """format x usages x quantizable or not x input (high precision, TE quantized tensor; each with
+    contiguous buffers or not) x sync / async; the dtype and internal (Storage) results rotate."""
     out, i = [], 0
     dtypes = (torch.bfloat16, torch.float32, torch.float16)
     for fmt in FAMILIES:
         for row, col in USAGES:
             for quantizable in (True, False):
-                kinds = ["hp", "hp-nc", "te"]
+                kinds = ["hp", "hp-nc", "te", "te-nc"]
                 if not quantizable and fmt in ("mxfp8", "nvfp4"):
                     kinds = ["hp", "hp-nc"]  # such a shard cannot be a TE tensor of the format
                 for kind in kinds:
@@ -198,16 +198,16 @@ def _matrix_case(fmt, row, col, shape, kind, async_op, dtype, internal):
         shards = [shard_of(ctx, full, r) for r in range(ctx.world)]
         tq = quantizer(fmt, row, col, internal=internal)
         want = expected(fmt, row, col, full)
-        if kind == "te":
+        if kind.startswith("te"):
             qs = [formats.quantize(s, fmt, rowwise=row, columnwise=col,
                                    **({"global_amax": float(full.float().abs().max())} if fmt == "nvfp4" else {}))
                   for s in shards]
-            x = te_tensor(qs[ctx.rank], fmt, internal)
+            x = te_tensor(qt_noncontig(qs[ctx.rank]) if kind == "te-nc" else qs[ctx.rank], fmt, internal)
             if not formats.is_quantizable(shape, fmt):  # FP8 block partial blocks: not gathered as they are
                 want = requantized(qs, row, col)
         else:
             x = noncontig(shards[ctx.rank]) if kind == "hp-nc" else shards[ctx.rank].clone()
-        before = x.clone() if isinstance(x, torch.Tensor) and kind != "te" else None
+        before = x.clone() if kind.startswith("hp") else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pyxfer.QuantizedGatherFallbackWarning)
             res, handle = gather(x, ctx.group, async_op=async_op, quantizer=tq)
