@@ -34,21 +34,24 @@ costs on this host's CPU, next to the unattached forward time.
 
 Then the same on a cpu/cuda:0 split (--cpu-layers decoder layers, the embeddings and the rotary
 embedding on the CPU, dispatch_model(main_device="cpu"): activations cross the link in the hooks),
-reported without a target. Needs one GPU; runs offline (no hub access); about 2 minutes.
+reported without a target (--reps/2 calls per round, --split-budget-s, at least 3 rounds). Needs
+one GPU; runs offline (no hub access); about 2 minutes.
 
     python benchmarks/integrations.py [--hidden 1024 --layers 8 --batch 1 --seq 128] [--json out.json]
 
 --host: no GPU needed. pyxfer's own host time per hooked block call, on the CPU: a tiny Llama
 (hidden 64, --layers layers, float32) dispatched on the CPU by accelerate (force_hooks, per-layer
 blocks), attach(verify="deferred", include_cpu=True). For each block, one real call's arguments,
-keyword arguments and output are recorded, then the two hooks attach registered (pre-hook and
-forward hook, through their torch.compiler.disable wrappers, as Module.__call__ calls them) are timed
-on them: the thread-local call stack, the structure walk of args/kwargs (the settled check: every
-tensor is already on the execution device, so no copy is made), the root's find_device and its move
-of the ModelOutput back. Not covered on the CPU: the device guard's switch of the current CUDA
-device (a CPU execution device needs none) and the copies. Then end to end: the forward of the
-attached model against an unattached copy, interleaved (what torch's hook dispatch adds comes in
-here), and pyxfer.checksum of a (--seq x --vocab) bf16 logits tensor on the CPU.
+keyword arguments and output are recorded, then the hooks are timed on them as Module.__call__ calls
+them (through their torch.compiler.disable wrappers): "as attached", the hooks attach registered
+here (a CPU block gets the pre-hook alone, the root both); "paired", pre-hook + forward hook as on a
+CUDA execution device. Covered: the wrappers, the thread-local call stack, the structure walk of
+args/kwargs (every tensor already on the execution device, so no copy is made), the root's
+find_device and its move of the ModelOutput back (accelerate's own, which it skips while attached,
+is printed beside it). Not covered: the device switch of the guard (two C calls on a GPU), the
+copies, torch's hook dispatch (in the end-to-end figure that follows: the attached model's forward
+against an unattached copy, interleaved; noisy on a busy machine, see its quartiles). Last,
+pyxfer.checksum of a (--batch * --seq x --vocab) bf16 logits tensor on the CPU.
 
     python benchmarks/integrations.py --host [--json out.json]
 """
