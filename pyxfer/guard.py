@@ -103,14 +103,26 @@ class device_guard:
     def __enter__(self):
         if self.index is None:
             return None
-        # NOTE: what torch.cuda.device does, without its argument parsing (this runs per module call)
-        self._prev = torch.cuda._exchange_device(self.index)
+        self._prev = enter_index(self.index)
         return torch.device("cuda", self.index)
 
     def __exit__(self, *exc):
         if self.index is not None:
-            torch.cuda._maybe_exchange_device(self._prev)
+            exit_index(self._prev)
         return False
+
+
+def enter_index(index: int) -> int:
+    """Make CUDA device ``index`` current; returns what ``exit_index`` restores. What device_guard's
+    ``with`` does, without an object: for hooks that run per module call and keep the previous
+    device themselves (pyxfer.integrations.accelerate)."""
+    # NOTE: what torch.cuda.device does, without its argument parsing
+    return torch.cuda._exchange_device(index)
+
+
+def exit_index(prev: int) -> None:
+    """Make current again the device that ``enter_index`` returned."""
+    torch.cuda._maybe_exchange_device(prev)
 
 
 def _first_cuda_tensor(args, kwargs):

@@ -99,8 +99,9 @@ def _tensor(obj: torch.Tensor, m: _Move):
 
 def _settled(values, target) -> bool:
     """Whether send_to_device would leave every value as it is: atoms, plain tensors already on
-    ``target``, and tuples/lists of those (the common case of a hooked call, checked without
-    rebuilding anything)."""
+    ``target``, tuples/lists of those, and objects it returns as they are (no ``.to``, not a
+    tensor, sequence or mapping: a KV cache under a key not skipped, a config). The common case of
+    a hooked call, checked without rebuilding anything."""
     for v in values:
         t = type(v)
         if t in _ATOMS:
@@ -109,9 +110,12 @@ def _settled(values, target) -> bool:
             if target is not None and v.device == target:
                 continue
             return False
-        if (t is tuple or t is list) and _settled(v, target):
-            continue
-        return False
+        if t is tuple or t is list:
+            if _settled(v, target):
+                continue
+            return False
+        if isinstance(v, (torch.Tensor, tuple, list, collections.abc.Mapping)) or hasattr(v, "to"):
+            return False
     return True
 
 

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from ..guard import device_guard
+from ..guard import enter_index, exit_index
 from ..nested import sender
 from ..transfer import check_transfers
 from ._patch import Integration
@@ -112,8 +112,10 @@ def _as_device(device) -> torch.device:
 
 
 class _Block:
-    """The hooks of one attached block. A thread-local stack of entered guards pairs each call's
-    pre-hook with its forward hook, so nested and concurrent calls each restore their own device."""
+    """The hooks of one attached block. A thread-local stack pairs each call's pre-hook with its
+    forward hook, so nested and concurrent calls each restore their own device. A block with nothing
+    to do after its forward (no guard to leave, no outputs to move back: guard=False or a CPU
+    execution device, not the root) gets the pre-hook alone."""
 
     def __init__(self, name, module, hook, *, verify, route, guard, include_cpu, find_device):
         self.name, self.hook = name, hook
@@ -127,10 +129,12 @@ class _Block:
         self.find_device = find_device
         self.senders_back = {}  # input device -> send(output) with the hook's skip_keys
         self.local = threading.local()
-        pre = torch.compiler.disable(self.pre_forward)
-        post = torch.compiler.disable(self.post_forward)
-        self.handles = (module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
-                        module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        paired = self.guard_index is not None or self.io_same_device
+        pre = torch.compiler.disable(self.pre_forward if paired else self.move_inputs)
+        self.handles = (module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),)
+        if paired:
+            post = torch.compiler.disable(self.post_forward)
+            self.handles += (module.register_forward_hook(post, with_kwargs=True, always_call=True),)
         # NOTE: the root's move of the outputs back to the inputs' device is ours while attached:
         # accelerate records the inputs' device after our pre-hook moved them (so it would move
         # nothing), but when they already sat on the execution device and the last block left the
@@ -140,23 +144,32 @@ class _Block:
             hook.io_same_device = False
 
     def stack(self):
+        """This thread's entries of the calls in progress: (previous device, inputs' device)."""
         try:
             return self.local.stack
         except AttributeError:
             self.local.stack = []
             return self.local.stack
 
+    def move_inputs(self, module, args, kwargs):
+        """The pre-hook: (args, kwargs) on the execution device, or None when nothing moved (the
+        common case of a block inside a model: torch then keeps its own)."""
+        moved_args, moved_kwargs = self.send_args(args), self.send_kwargs(kwargs)
+        if moved_args is args and moved_kwargs is kwargs:  # rebuild=False: settled ones come back as they were
+            return None
+        return moved_args, moved_kwargs
+
     def pre_forward(self, module, args, kwargs):
+        """The pre-hook of a paired block: move_inputs, then enter the guard."""
         stack = self.stack()
         # NOTE: pushed before anything can raise: the forward hook runs (always_call) and pops it
         # even when this pre-hook or the forward fails.
         stack.append(None)
         src = self.find_device([args, kwargs]) if self.io_same_device else None
-        args, kwargs = self.send_args(args), self.send_kwargs(kwargs)
-        guard = device_guard.of_index(self.guard_index)
-        guard.__enter__()
-        stack[-1] = (guard, src)
-        return args, kwargs
+        moved = self.move_inputs(module, args, kwargs)
+        index = self.guard_index
+        stack[-1] = (enter_index(index) if index is not None else None, src)
+        return moved
 
     def post_forward(self, module, args, kwargs, output):
         stack = self.stack()
@@ -165,8 +178,9 @@ class _Block:
         entry = stack.pop()
         if entry is None:  # our pre-hook failed: nothing entered
             return None
-        guard, src = entry
-        guard.__exit__(None, None, None)
+        prev, src = entry
+        if self.guard_index is not None:
+            exit_index(prev)
         if src is None or output is None:
             return None
         send = self.senders_back.get(src)
@@ -234,10 +248,11 @@ def attach(model: torch.nn.Module, *, verify: str = "sync", guard: bool = True, 
 
     Works under autograd (the copies are differentiable), re-entrantly, from several threads, and
     is skipped by torch.compile (graph break, like accelerate's hooks). Mutates the model's hook
-    dicts and, while attached, the root hook's ``io_same_device`` flag (pyxfer moves the outputs back). Returns an Attachment (a context manager that detaches). Attaching an attached
-    model again with the same options returns its Attachment; with other options it raises
-    ValueError (detach first). Raises IntegrationError when accelerate is missing or untested,
-    TypeError/ValueError for bad arguments or a model without accelerate hooks.
+    dicts and, while attached, the root hook's ``io_same_device`` flag (pyxfer moves the outputs
+    back). Returns an Attachment (a context manager that detaches). Attaching an attached model
+    again with the same options returns its Attachment; with other options it raises ValueError
+    (detach first). Raises IntegrationError when accelerate is missing or untested, TypeError /
+    ValueError for bad arguments or a model without accelerate hooks.
     """
     op = "pyxfer.integrations.accelerate.attach"
     if not isinstance(model, torch.nn.Module):
