@@ -247,12 +247,6 @@ class QuantizedTensor:
             raise ValueError(f"{op}: dtype (the nominal dtype) must be one of {INPUT_DTYPES}, got {dtype}")
         self.shape = torch.Size(shape)
         self.dtype = dtype
-        if not self.shape:
-            raise ValueError(f"{op}: shape must have at least 1 dimension, got ()")
-        if self.fmt in ("mxfp8", "nvfp4") and not is_quantizable(self.shape, self.fmt):
-            m, k = _matrix(self.shape)
-            raise ValueError(f"{op}: shape {tuple(self.shape)} cannot be stored in {self.fmt}: M={m} and K={k} must "
-                             f"be multiples of {BLOCK_LEN[self.fmt]}")
         rowwise = buffers.get("rowwise_data") is not None
         columnwise = buffers.get("columnwise_data") is not None
         if not (rowwise or columnwise):

@@ -1,5 +1,6 @@
 """Verified transfers on the CPU: the whole protocol (faults, repair, routing, deferred errors,
 autograd, thread safety) runs here through CPU -> CPU copies."""
+import re
 import threading
 
 import numpy as np
@@ -316,8 +317,9 @@ def test_bad_input_is_rejected_before_any_work(gen):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without CUDA devices")
 def test_cuda_destination_without_cuda_is_a_clear_error():
     # the wrapper checks the index against the devices torch sees; the raw op, against the build
-    with pytest.raises(ValueError, match=r"^pyxfer.verified_copy: device is cuda:0, which does not exist "
-                                         r"\(0 CUDA devices visible\)$"):
+    why = "0 CUDA devices visible" if torch.backends.cuda.is_built() else "torch was built without CUDA"
+    with pytest.raises(ValueError, match=r"^pyxfer\.verified_copy: device is cuda:0, which does not exist "
+                                         + re.escape(f"({why}); expected 'cpu' or a CUDA device of this process") + "$"):
         pyxfer.verified_copy(torch.ones(3), "cuda:0")
     native = (r"device is cuda:0, which does not exist \(0 CUDA devices visible\)" if pyxfer.build_info()["cuda"]
               else r"device is cuda:0 but pyxfer was built without CUDA \(pyxfer.build_info\(\)\['cuda'\] is False\)")
