@@ -349,7 +349,7 @@ def _method_check(rows, results, n, warmup, reps):
         a = torch.empty(n, dtype=torch.uint8, pin_memory=src == "pinned", device=_device(src))
         b = torch.empty(n, dtype=torch.uint8, pin_memory=dst == "pinned", device=_device(dst))
         gpu = _device(dst) if _is_host(src) else _device(src)
-        s = cuda_samples(lambda _: b.copy_(a, non_blocking=True), [None] * 20, warmup=warmup, reps=reps,
+        s = cuda_samples(lambda _, a=a, b=b: b.copy_(a, non_blocking=True), [None] * 20, warmup=warmup, reps=reps,
                          device=gpu, hold=False)
         torch_gbps = s.gbps(n)
         out.append({"src": src, "dst": dst, "bytes": n, "bench_gbps": mine["gbps"], "torch_gbps": round(torch_gbps, 3),
@@ -465,8 +465,8 @@ def plot(doc, path):
         if vals:
             panels.append((name, vals, "{:.2f}"))
     cols = min(3, max(1, len(panels)))
-    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols, figsize=(4.5 * cols, 3.8 * ((len(panels) + cols - 1) // cols)),
-                             squeeze=False)
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.8 * nrows), squeeze=False)
     for ax, (title, vals, fmt) in zip(axes.flat, panels):
         srcs, dsts, cells = matrix(vals, rows)
         grid = [[float("nan") if v is None else v for v in row] for row in cells]

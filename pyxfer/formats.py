@@ -523,8 +523,8 @@ def _quantize(x, fmt, *, rowwise, columnwise, fp8_dtype=torch.float8_e4m3fn, che
                                        amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
     # The native ops return a 0-element placeholder for a usage not asked for.
     wanted = (rowwise, rowwise, columnwise, columnwise)
-    qt = cls(shape=x.shape, dtype=x.dtype, **{name: b if on else None for name, b, on in zip(BUFFER_NAMES, bufs, wanted)},
-             **extra)
+    buffers = {name: b if on else None for name, b, on in zip(BUFFER_NAMES, bufs, wanted)}
+    qt = cls(shape=x.shape, dtype=x.dtype, **buffers, **extra)
     return qt.with_swizzled_scales() if opts.get("gemm_swizzled_scales") else qt
 
 

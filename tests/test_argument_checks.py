@@ -254,7 +254,8 @@ def test_quantize_global_amax_device_and_bounds():
     for name in ("rowwise", "columnwise"):
         with pytest.raises(TypeError, match=re.escape(f"{op}{name} must be a bool, got int 1")):
             F.quantize(x, "nvfp4", **{name: 1})
-        with pytest.raises(TypeError, match=re.escape(f"pyxfer.formats.QuantizeSpec: {name} must be a bool, got int 1")):
+        with pytest.raises(TypeError,
+                           match=re.escape(f"pyxfer.formats.QuantizeSpec: {name} must be a bool, got int 1")):
             F.QuantizeSpec("nvfp4", **{name: 1})
     with pytest.raises(TypeError, match=re.escape(op + "x must be a torch.Tensor, got list")):
         F.quantize([1.0], "nvfp4")
