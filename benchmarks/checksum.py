@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
 from pyxfer._timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_time_ms, fmt_size  # noqa: E402
+
 from common import print_table, write_json  # noqa: E402
 
 
@@ -27,7 +28,8 @@ def gpu_rows(device, max_bytes):
         size *= 4
     for size in sizes:
         count = max(1, math.ceil(L2_DEFEAT_BYTES / size)) if size < L2_DEFEAT_BYTES else 1
-        inputs = [torch.randint(-2**63, 2**63 - 1, (size // 8,), dtype=torch.int64, device=device) for _ in range(count)]
+        inputs = [torch.randint(-2**63, 2**63 - 1, (size // 8,), dtype=torch.int64, device=device)
+                  for _ in range(count)]
         reps = 20 if size <= (1 << 30) else 10
         base_ms = cuda_time_ms(lambda x: x.sum(), inputs, reps=reps, device=device)
         ours_ms = cuda_time_ms(lambda x: torch.ops.pyxfer.checksum(x, 0), inputs, reps=reps, device=device)
@@ -70,7 +72,8 @@ def main():
         device = torch.device(args.device)
         result["gpu"] = torch.cuda.get_device_name(device)
         result["gpu_rows"] = gpu_rows(device, int(args.max_size_gib * (1 << 30)))
-        show(f"PXH64 on {result['gpu']} ({device}) vs x.view(int64).sum(), same run, median GB/s read", result["gpu_rows"])
+        show(f"PXH64 on {result['gpu']} ({device}) vs x.view(int64).sum(), same run, median GB/s read",
+             result["gpu_rows"])
     else:
         print("no CUDA GPU: GPU rows skipped\n")
     result["cpu_rows"] = cpu_rows([int(s) << 20 for s in args.cpu_sizes_mib.split(",")])

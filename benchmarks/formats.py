@@ -39,9 +39,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pyxfer._timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_times, fmt_gbps, fmt_size  # noqa: E402
-from common import print_table, print_targets, write_json  # noqa: E402
 from pyxfer import formats  # noqa: E402
+from pyxfer._timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_times, fmt_gbps, fmt_size  # noqa: E402
+
+from common import print_table, print_targets, write_json  # noqa: E402
 
 MiB = 1 << 20
 FP8 = torch.float8_e4m3fn
@@ -57,7 +58,7 @@ def parse_shapes(text):
     try:
         shapes = [tuple(int(d) for d in s.lower().split("x")) for s in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of shapes: {text!r} (e.g. 1024x8192,8192x16384)")
+        raise argparse.ArgumentTypeError(f"not a list of shapes: {text!r} (e.g. 1024x8192,8192x16384)") from None
     if any(len(s) != 2 or min(s) < 1 for s in shapes):
         raise argparse.ArgumentTypeError(f"shapes must be MxK with M, K >= 1, got {text!r}")
     return shapes
@@ -154,7 +155,7 @@ def measure(shape, device, timer, dtype):
             op_t = timer(lambda c: c[2](c[0]), calls)
             add(fmt, usage, "quantize", size + written_bytes(calls[0][1](inputs[0])), api_t, op_t)
         if fmt == "nvfp4":
-            api = lambda x: formats.quantize(x, fmt)  # noqa: E731
+            api = lambda x, fmt=fmt: formats.quantize(x, fmt)  # noqa: E731
             op = lambda x: torch.ops.pyxfer.quantize_nvfp4(x, formats.global_amax(x), True, False)  # noqa: E731
             add(fmt, "rowwise", "quantize+amax", size + written_bytes(api(inputs[0])), timer(api, inputs),
                 timer(op, inputs))

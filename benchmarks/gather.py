@@ -50,9 +50,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -61,11 +61,12 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
 import pyxfer.gather  # noqa: E402
-from pyxfer._timing import fmt_gbps  # noqa: E402
-from pyxfer._machine import machine_info  # noqa: E402
-from common import print_table, print_targets, write_json  # noqa: E402
 from pyxfer import formats  # noqa: E402
+from pyxfer._machine import machine_info  # noqa: E402
+from pyxfer._timing import fmt_gbps  # noqa: E402
 from pyxfer.gather import QuantizedGatherFallbackWarning  # noqa: E402
+
+from common import print_table, print_targets, write_json  # noqa: E402
 
 USAGES = {"rowwise": (True, False), "rowwise+columnwise": (True, True)}
 QUANTIZED_FORMATS = ("mxfp8", "fp8_block_1x128", "nvfp4", "fp8_block_128x128")
@@ -89,8 +90,8 @@ class Case:
     shape: tuple                # shard shape
     baseline: str               # name of the bf16 baseline of the same shard shape
     fallback: bool = False      # the path it must take
-    reference: Optional[Callable] = None  # -> the expected result (None: no check)
-    of_case: Optional[str] = None  # verify: the case it adds verification to
+    reference: Callable | None = None  # -> the expected result (None: no check)
+    of_case: str | None = None  # verify: the case it adds verification to
 
 
 # ---- one rank ---------------------------------------------------------------------------------------
@@ -187,7 +188,10 @@ def build_cases(r: Rank, rows, cols):
         for usage, (row, col) in USAGES.items():
             opts = {"global_amax": r.group_amax(x)} if fmt == "nvfp4" else {}
             q = formats.quantize(x, fmt, rowwise=row, columnwise=col, **opts)
-            ref = lambda fmt=fmt, row=row, col=col: formats.quantize(r.full(x), fmt, rowwise=row, columnwise=col)
+
+            def ref(fmt=fmt, row=row, col=col):
+                return formats.quantize(r.full(x), fmt, rowwise=row, columnwise=col)
+
             name = f"quantized {fmt} {usage}"
             cases.append(Case(name, "quantized", lambda q=q: all_gather(q), world * payload_bytes(q), (m, k), base,
                               reference=ref))

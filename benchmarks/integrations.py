@@ -71,12 +71,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, print_targets, write_json  # noqa: E402
-
 import pyxfer  # noqa: E402
 from pyxfer._machine import machine_info  # noqa: E402
 from pyxfer._timing import cpu_samples  # noqa: E402
 from pyxfer.integrations import accelerate as pxa  # noqa: E402
+
+from common import print_table, print_targets, write_json  # noqa: E402
 
 # accelerate warns "offloaded to the cpu" for every map with a CPU block; with main_device="cpu"
 # (as dispatched here) they execute there and nothing is offloaded.

@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402,F401
 from pyxfer._timing import fmt_size  # noqa: E402
+
 from common import print_table, write_json  # noqa: E402
 
 SIZES = (16 << 20, 256 << 20, 1 << 30)
@@ -94,7 +95,7 @@ def measure(with_diagnostics):
             other = torch.randint(-2**31, 2**31 - 1, (size // 4,), dtype=torch.int32, device="cuda:1")
             side0, side1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
 
-            def copy_with_hash_beside(hashed, side):
+            def copy_with_hash_beside(hashed, side, src=src, dst=dst):  # this size's buffers
                 side.wait_stream(torch.cuda.current_stream(side.device))
                 with torch.cuda.stream(side):
                     torch.ops.pyxfer.checksum(hashed, 0)
@@ -102,9 +103,10 @@ def measure(with_diagnostics):
                 dst.copy_(src)
                 torch.cuda.current_stream(side.device).wait_stream(side)
 
-            cases["copy_ + hash src beside"] = lambda: copy_with_hash_beside(src, side0)
-            cases["copy_ + hash on cuda:1 beside"] = lambda: copy_with_hash_beside(other, side1)
-            cases["hash src alone"] = lambda: torch.ops.pyxfer.checksum(src, 0)
+            cases["copy_ + hash src beside"] = lambda src=src, side0=side0: copy_with_hash_beside(src, side0)
+            cases["copy_ + hash on cuda:1 beside"] = \
+                lambda other=other, side1=side1: copy_with_hash_beside(other, side1)
+            cases["hash src alone"] = lambda src=src: torch.ops.pyxfer.checksum(src, 0)
         for name, fn in cases.items():
             result.append({"bytes": size, "case": name, "ms": timed(fn)})
     pyxfer.check_transfers()

@@ -42,10 +42,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gather  # noqa: E402
-import pyxfer  # noqa: E402
 import transfer  # noqa: E402
-from pyxfer._timing import fmt_gbps  # noqa: E402
+
+import pyxfer  # noqa: E402
 from pyxfer._machine import machine_info  # noqa: E402
+from pyxfer._timing import fmt_gbps  # noqa: E402
+
 from common import print_table, print_targets, write_json  # noqa: E402
 
 MiB = 1 << 20

@@ -24,9 +24,11 @@ if b.exists():
     for row in r.get("gpu_rows", []):
         if row["bytes"] >= 1 << 30:
             rows.append((f"checksum {row['bytes'] >> 30} GiB", f"{row['pyxfer_gbps']:.0f} GB/s = "
-                         f"{row['pyxfer_gbps'] / row['baseline_gbps']:.1%} of int64.sum ({row['baseline_gbps']:.0f} GB/s); target >= 90%"))
+                         f"{row['pyxfer_gbps'] / row['baseline_gbps']:.1%} of int64.sum "
+                         f"({row['baseline_gbps']:.0f} GB/s); target >= 90%"))
     for row in r.get("cpu_rows", []):
-        rows.append((f"checksum cpu {row['bytes'] >> 20} MiB", f"{row['pyxfer_gbps']:.1f} GB/s ({r['threads']} threads)"))
+        rows.append((f"checksum cpu {row['bytes'] >> 20} MiB",
+                     f"{row['pyxfer_gbps']:.1f} GB/s ({r['threads']} threads)"))
 b = out / "bench_transfer.json"
 if b.exists():
     for t in json.loads(b.read_text()).get("targets", []):

@@ -34,8 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
 from pyxfer._timing import L2_DEFEAT_BYTES, cuda_time_ms, fmt_size  # noqa: E402
-from common import print_table, write_json  # noqa: E402
 from pyxfer.testing import inject_fault  # noqa: E402
+
+from common import print_table, write_json  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_CALLS = 256          # calls per pass: full rotation over L2_DEFEAT_BYTES would take 65536 at 4 KiB
@@ -241,7 +242,7 @@ def show_rows(pair, rows):
             "sync/raw", "defer/raw(ev)", "staged/pinned", "staged/naive"]
     out = []
     for r in rows:
-        g = lambda k: r.get(f"{k}_gbps")  # noqa: E731
+        g = lambda k, r=r: r.get(f"{k}_gbps")  # noqa: E731
         out.append([fmt_size(r["bytes"]), *(gb(g(k)) for k in ("raw", "sync", "raw_events", "deferred", "staged",
                                                                   "pinned", "naive", "round_trip")),
                     *(ratio(g(a), g(b)) for a, b in (("sync", "raw"), ("deferred", "raw_events"),
@@ -262,7 +263,7 @@ def targets(result):
     for pair in dict.fromkeys(r["pair"] for r in result["rows"]):
         rows = {r["bytes"]: r for r in result["rows"] if r["pair"] == pair}
         big = [r for b, r in rows.items() if b >= 256 * MiB]
-        worst = lambda a, b: min((r[f"{a}_gbps"] / r[f"{b}_gbps"] for r in big), default=None)  # noqa: E731
+        worst = lambda a, b, big=big: min((r[f"{a}_gbps"] / r[f"{b}_gbps"] for r in big), default=None)  # noqa: E731
         mid = rows.get(16 * MiB)
         add(f"{pair} verified(sync)/raw >= 95% at >= 256 MiB (worst)", worst("sync", "raw"), lambda v: v >= 0.95, pct)
         add(f"{pair} verified(sync)/raw >= 80% at 16 MiB", mid and mid["sync_gbps"] / mid["raw_gbps"],
@@ -319,8 +320,8 @@ def main():
     if not sizes:
         p.error("no size left under --max-size-mib")
 
-    result = {"env": environment(), "method": __doc__.split("\n\n    python")[0], "rows": [], "latency": [], "repair": [],
-              "memory": []}
+    result = {"env": environment(), "method": __doc__.split("\n\n    python")[0], "rows": [], "latency": [],
+              "repair": [], "memory": []}
     if num_gpus >= 2:
         pairs = [Pair("cuda:0", "cuda:1"), Pair("cuda:1", "cuda:0")]
         print(f"{result['env']['gpus'][0]} x{num_gpus}, peer access {result['env']['peer_access']}, "

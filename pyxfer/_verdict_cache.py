@@ -26,7 +26,8 @@ BAD_VERDICTS = ("corrupt", "dropped", "hung")  # copies of these pairs route sta
 
 
 def cache_path(path=None) -> str:
-    """The cache file: ``path``, else $PYXFER_DOCTOR_CACHE, else $XDG_CACHE_HOME (~/.cache)/pyxfer/doctor-verdicts.json."""
+    """The cache file: ``path``, else $PYXFER_DOCTOR_CACHE, else
+    $XDG_CACHE_HOME (~/.cache)/pyxfer/doctor-verdicts.json."""
     if path:
         return os.fspath(path)
     if os.environ.get(CACHE_ENV):

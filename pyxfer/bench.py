@@ -37,7 +37,7 @@ bench's ce figure over it (1.00 = the harness adds nothing and loses nothing).
   results [{src, dst, mode, bytes, gbps|null, median_ms, min_ms, max_ms, reps, loop, held,
             check: "ok"|"corrupt"|"error", detail}],
   ratios [{src, dst, bytes, ratio: "verified/ce"|"staged/ce", value}],
-  latency [{src, dst, bytes, median_us, min_us, max_us}],
+  latency [{src, dst, bytes, median_us|null, min_us, max_us, detail}] (null and detail: the row failed),
   checksum [{device, bytes, gbps, median_ms, min_ms, max_ms}],
   method_check [{src, dst, bytes, bench_gbps, torch_gbps, ratio}],
   corrupt [{src, dst, mode, bytes, detail}],
@@ -145,7 +145,9 @@ class _Point:
             if mode == "ce_bidir":
                 self.back_src = _buffer(dst, n, data=data_gpu)
                 self.back_out = _buffer(src, n, fill=0xC3)
-                self.side = torch.cuda.Stream(device=self.back_src.device if self.back_src.is_cuda else dev)
+                # on the anchor GPU (the pair's GPU): for GPU -> pinned rows dst is host memory, and a
+                # stream on the destination's device would not exist
+                self.side = torch.cuda.Stream(device=self.anchor)
                 self.checks.append(lambda: (self.back_out, self.back_src))
             self.fn = (lambda _: out.copy_(self.data, non_blocking=True)) if mode != "ce_bidir" else self._bidir
             self.checks.append(lambda: (self.out, self.data))
@@ -282,6 +284,7 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
             entry = {"src": src, "dst": dst, "mode": mode, "bytes": n, "gbps": None, "median_ms": None,
                      "min_ms": None, "max_ms": None, "reps": 0, "loop": _loop(n), "held": False,
                      "check": "error", "detail": ""}
+            point = None  # set once its buffers exist: a setup that raises is reported like a failing call
             try:
                 point = _Point(src, dst, mode, n, data)
                 s = point.measure(_loop(n), warmup, reps)
@@ -294,7 +297,7 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
                 _reset_after_error()
             results.append(entry)
             bar.step(f"{src}->{dst} {mode} {fmt_size(n)}")
-            del point
+            point = None  # frees its buffers before the next point's
         for dev in devices:
             x = data.to(dev)
             if dev == "cpu":
@@ -307,13 +310,19 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
         del data
     small = _gpu_data(LATENCY_BYTES, gen_device)
     for src, dst in rows:
-        s = _Point(src, dst, "ce", LATENCY_BYTES, small)
-        if s.anchor is None:
-            t = cpu_samples(s.fn, None, warmup=warmup, reps=reps, inner=1000)
-        else:
-            t = cuda_samples(s.fn, [None], warmup=warmup, reps=max(reps, 20), device=s.anchor, hold=False)
-        latency.append({"src": src, "dst": dst, "bytes": LATENCY_BYTES, "median_us": t.median_ms * 1e3,
-                        "min_us": t.min_ms * 1e3, "max_us": t.max_ms * 1e3})
+        entry = {"src": src, "dst": dst, "bytes": LATENCY_BYTES, "median_us": None, "min_us": None, "max_us": None,
+                 "detail": ""}
+        try:
+            s = _Point(src, dst, "ce", LATENCY_BYTES, small)
+            if s.anchor is None:
+                t = cpu_samples(s.fn, None, warmup=warmup, reps=reps, inner=1000)
+            else:
+                t = cuda_samples(s.fn, [None], warmup=warmup, reps=max(reps, 20), device=s.anchor, hold=False)
+            entry.update(median_us=t.median_ms * 1e3, min_us=t.min_ms * 1e3, max_us=t.max_ms * 1e3)
+        except Exception as e:  # noqa: BLE001  (as for the bandwidth points: reported, the bench carries on)
+            entry["detail"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            _reset_after_error()
+        latency.append(entry)
         bar.step(f"latency {src}->{dst}")
     if gpus:
         method = _method_check(rows, results, max(sizes), warmup, reps)
@@ -340,7 +349,7 @@ def _method_check(rows, results, n, warmup, reps):
         a = torch.empty(n, dtype=torch.uint8, pin_memory=src == "pinned", device=_device(src))
         b = torch.empty(n, dtype=torch.uint8, pin_memory=dst == "pinned", device=_device(dst))
         gpu = _device(dst) if _is_host(src) else _device(src)
-        s = cuda_samples(lambda _: b.copy_(a, non_blocking=True), [None] * 20, warmup=warmup, reps=reps,
+        s = cuda_samples(lambda _, a=a, b=b: b.copy_(a, non_blocking=True), [None] * 20, warmup=warmup, reps=reps,
                          device=gpu, hold=False)
         torch_gbps = s.gbps(n)
         out.append({"src": src, "dst": dst, "bytes": n, "bench_gbps": mine["gbps"], "torch_gbps": round(torch_gbps, 3),
@@ -456,8 +465,8 @@ def plot(doc, path):
         if vals:
             panels.append((name, vals, "{:.2f}"))
     cols = min(3, max(1, len(panels)))
-    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols, figsize=(4.5 * cols, 3.8 * ((len(panels) + cols - 1) // cols)),
-                             squeeze=False)
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.8 * nrows), squeeze=False)
     for ax, (title, vals, fmt) in zip(axes.flat, panels):
         srcs, dsts, cells = matrix(vals, rows)
         grid = [[float("nan") if v is None else v for v in row] for row in cells]

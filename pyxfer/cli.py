@@ -84,11 +84,13 @@ def build_parser():
     b.add_argument("--sizes", type=_sizes, metavar="S,S,...", help="sizes of the sweep, e.g. 4K,1M,256M")
     b.add_argument("--modes", metavar="M,M,...", help=f"modes to run, of {','.join(MODES)} (default: all)")
     b.add_argument("--pairs", metavar="SRC->DST,...",
-                   help="rows to run, e.g. 'pinned->cuda:0,cuda:0->cuda:0' (endpoints: pinned, pageable, cuda:N; cpu where no GPU is visible)")
+                   help="rows to run, e.g. 'pinned->cuda:0,cuda:0->cuda:0' (endpoints: pinned, pageable, cuda:N; "
+                        "cpu where no GPU is visible)")
     b.add_argument("--reps", type=int, metavar="N", help="timed repetitions per point (median reported)")
     b.add_argument("--warmup", type=int, metavar="N", help="untimed repetitions first")
     b.add_argument("--json", metavar="PATH", help="write the results (schema pyxfer.bench, version 1)")
-    b.add_argument("--plot", metavar="PATH.png", help="write PNG heatmaps (needs matplotlib: pip install pyxfer[bench])")
+    b.add_argument("--plot", metavar="PATH.png",
+                   help="write PNG heatmaps (needs matplotlib: pip install pyxfer[bench])")
     b.add_argument("--compare", metavar="OLD.json", help="flag points slower than in an earlier --json")
     b.add_argument("--threshold", type=_positive, default=0.10, metavar="F",
                    help="--compare flags a point slower by more than this fraction (default 0.10)")

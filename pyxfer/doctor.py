@@ -353,8 +353,8 @@ def _stderr_tail(f):
 
 def run_tasks(tasks, timeout):
     """Run tasks in probe children, each task within ``timeout`` seconds of the previous one's end
-    (the child's first, of it saying it is ready: STARTUP_S to import torch and pyxfer). Returns [result] in task order; a task
-    that ran out of time gets {"hung": True}, one whose child died {"error": message}."""
+    (the child's first, of it saying it is ready: STARTUP_S to import torch and pyxfer). Returns [result] in
+    task order; a task that ran out of time gets {"hung": True}, one whose child died {"error": message}."""
     results = [None] * len(tasks)
     pending = list(range(len(tasks)))
     code = "import pyxfer.doctor as d; d._child_main()"

@@ -247,12 +247,6 @@ class QuantizedTensor:
             raise ValueError(f"{op}: dtype (the nominal dtype) must be one of {INPUT_DTYPES}, got {dtype}")
         self.shape = torch.Size(shape)
         self.dtype = dtype
-        if not self.shape:
-            raise ValueError(f"{op}: shape must have at least 1 dimension, got ()")
-        if self.fmt in ("mxfp8", "nvfp4") and not is_quantizable(self.shape, self.fmt):
-            m, k = _matrix(self.shape)
-            raise ValueError(f"{op}: shape {tuple(self.shape)} cannot be stored in {self.fmt}: M={m} and K={k} must "
-                             f"be multiples of {BLOCK_LEN[self.fmt]}")
         rowwise = buffers.get("rowwise_data") is not None
         columnwise = buffers.get("columnwise_data") is not None
         if not (rowwise or columnwise):
@@ -529,8 +523,8 @@ def _quantize(x, fmt, *, rowwise, columnwise, fp8_dtype=torch.float8_e4m3fn, che
                                        amax_columnwise=(amax.clone() if rowwise else amax) if columnwise else None)
     # The native ops return a 0-element placeholder for a usage not asked for.
     wanted = (rowwise, rowwise, columnwise, columnwise)
-    qt = cls(shape=x.shape, dtype=x.dtype, **{name: b if on else None for name, b, on in zip(BUFFER_NAMES, bufs, wanted)},
-             **extra)
+    buffers = {name: b if on else None for name, b, on in zip(BUFFER_NAMES, bufs, wanted)}
+    qt = cls(shape=x.shape, dtype=x.dtype, **buffers, **extra)
     return qt.with_swizzled_scales() if opts.get("gemm_swizzled_scales") else qt
 
 

@@ -7,7 +7,8 @@ import torch
 
 from . import health
 from ._checks import check_int, check_tensor
-from ._devices import ANY_CODE as _ANY_CODE, as_device, device_name
+from ._devices import ANY_CODE as _ANY_CODE
+from ._devices import as_device, device_name
 
 __all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
 

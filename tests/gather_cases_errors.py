@@ -5,7 +5,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from gather_harness import QUANTIZABLE, assert_same, full_tensor, gather, in_step, nvfp4_opts, shard_of
 
 import pyxfer.gather
 import pyxfer.gather.layouts
@@ -13,6 +12,8 @@ import pyxfer.gather.plan
 from pyxfer import formats
 from pyxfer.gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
 from pyxfer.testing import FAULT_KINDS, inject_fault
+
+from gather_harness import QUANTIZABLE, assert_same, full_tensor, gather, in_step, nvfp4_opts, shard_of
 
 
 def fault_cases():

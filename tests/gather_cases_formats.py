@@ -5,6 +5,13 @@ world size 1, NVFP4 amax handling, FP8 options, warnings, async post-processing.
 import warnings
 
 import torch
+
+import pyxfer.gather
+import pyxfer.gather.errors
+from pyxfer import formats
+from pyxfer.gather import GatherHandle, QuantizedGatherFallbackWarning, all_gather
+from pyxfer.testing import inject_fault
+
 from gather_harness import (
     HP_DTYPES,
     NOT_QUANTIZABLE,
@@ -19,12 +26,6 @@ from gather_harness import (
     qt_noncontig,
     shard_of,
 )
-
-import pyxfer.gather
-import pyxfer.gather.errors
-from pyxfer import formats
-from pyxfer.gather import GatherHandle, QuantizedGatherFallbackWarning, all_gather
-from pyxfer.testing import inject_fault
 
 
 def matrix_cases():

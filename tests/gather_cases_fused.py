@@ -5,13 +5,14 @@ import weakref
 
 import torch
 import torch.distributed as dist
-from gather_harness import assert_same, full_tensor, gather, in_step, reachable, scratch_posts, shard_of, state
 
 import pyxfer.gather
 import pyxfer.gather.exchange
 import pyxfer.gather.layouts
 from pyxfer import formats
 from pyxfer.gather import all_gather
+
+from gather_harness import assert_same, full_tensor, gather, in_step, reachable, scratch_posts, shard_of, state
 
 
 def fused_cases():

@@ -1,10 +1,11 @@
 """Gather cases: plain tensors of every dtype (odd shapes, empty, non-contiguous, sync/async,
 verify) and a subgroup of 2 ranks."""
 import torch
-from gather_harness import assert_same, gather, noncontig, shard_of
 
 from pyxfer.gather import GatherVerificationError, all_gather
 from pyxfer.testing import inject_fault
+
+from gather_harness import assert_same, gather, noncontig, shard_of
 
 PLAIN_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
                 torch.float32, torch.float64, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2]

@@ -37,7 +37,8 @@ def check_schema(doc):
     for r in doc["ratios"]:
         assert set(r) == {"src", "dst", "bytes", "ratio", "value"} and r["ratio"] in ("verified/ce", "staged/ce")
     for r in doc["latency"]:
-        assert set(r) == {"src", "dst", "bytes", "median_us", "min_us", "max_us"} and r["median_us"] > 0
+        assert set(r) == {"src", "dst", "bytes", "median_us", "min_us", "max_us", "detail"}
+        assert r["median_us"] > 0 if r["detail"] == "" else r["median_us"] is None
     for r in doc["checksum"]:
         assert set(r) == {"device", "bytes", "gbps", "median_ms", "min_ms", "max_ms"} and r["gbps"] > 0
     for r in doc["method_check"]:
@@ -74,7 +75,8 @@ def test_cpu_run_end_to_end(cpu_run):
     ratio = {r["ratio"]: r["value"] for r in doc["ratios"]}
     assert ratio["verified/ce"] == pytest.approx(by["verified"] / by["ce"], rel=1e-3)
     assert {c["device"] for c in doc["checksum"]} == {"cpu"} and doc["method_check"] == [] and doc["corrupt"] == []
-    for title in ("ce GB/s at 64.0029 KiB", "verified/ce at 64.0029 KiB", "staged/ce at 64.0029 KiB", "latency, us", "size sweep"):
+    for title in ("ce GB/s at 64.0029 KiB", "verified/ce at 64.0029 KiB", "staged/ce at 64.0029 KiB", "latency, us",
+                  "size sweep"):
         assert title in out
     assert "checksum (PXH64) GB/s: cpu " in out
     data = png.read_bytes()
@@ -90,11 +92,13 @@ def test_compare_flags_an_injected_slowdown(cpu_run, tmp_path):
     slowed["gbps"] *= 100  # the old run was 100x faster on this point: the new one is a slowdown
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert bench.compare(doc, old, 0.10) == [{"src": "cpu", "dst": "cpu", "mode": "verified", "bytes": SIZES[-1],
-                                              "old_gbps": slowed["gbps"], "new_gbps": pytest.approx(slowed["gbps"] / 100),
+                                              "old_gbps": slowed["gbps"],
+                                              "new_gbps": pytest.approx(slowed["gbps"] / 100),
                                               "ratio": pytest.approx(0.01, rel=1e-3)}]
     assert bench.compare(doc, doc, 0.10) == []  # the same figures: nothing slower
     cmd = [sys.executable, "-m", "pyxfer", "bench", "--sizes", str(SIZES[-1]), "--modes", "verified", "--reps", "2",
-           "--warmup", "1", "--no-progress", "--compare", str(tmp_path / "old.json"), "--json", str(tmp_path / "n.json")]
+           "--warmup", "1", "--no-progress", "--compare", str(tmp_path / "old.json"),
+           "--json", str(tmp_path / "n.json")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "points slower by more than 10%" in r.stdout
@@ -119,16 +123,41 @@ def test_a_corrupting_path_is_reported_and_the_bench_carries_on():
                                                       reps=2, warmup=0, progress=False)
     by = {r["mode"]: r for r in results}
     assert by["staged"]["check"] == "corrupt" and by["staged"]["gbps"] > 0
-    assert by["staged"]["detail"].startswith("cpu: PXH64 0x") and "1 wrong bytes, the first at offset" in by["staged"]["detail"]
+    detail = by["staged"]["detail"]
+    assert detail.startswith("cpu: PXH64 0x") and "1 wrong bytes, the first at offset" in detail
     assert by["ce"]["check"] == "ok" and by["verified"]["check"] == "ok"  # the rest measured and right
     assert len(latency) == 1 and len(sums) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a row whose buffers cannot be made: pinned memory "
+                                                   "without CUDA")
+def test_a_row_whose_setup_raises_is_reported_and_the_bench_carries_on():
+    # pinned host memory needs CUDA: on this machine the pinned row's _Point cannot be built at all
+    try:
+        torch.empty(1, pin_memory=True)
+        pytest.skip("this torch pins host memory without CUDA")
+    except RuntimeError as e:
+        why = f"RuntimeError: {e}".splitlines()[0][:300]
+    results, latency, sums, _ = bench.measure_all([("pinned", "cpu"), ("cpu", "cpu")], ["ce", "staged"], [4099],
+                                                  reps=2, warmup=0, progress=False)
+    by = {(r["src"], r["mode"]): r for r in results}
+    assert sorted(by) == [("cpu", "ce"), ("cpu", "staged"), ("pinned", "ce"), ("pinned", "staged")]
+    for mode in ("ce", "staged"):
+        failed = by["pinned", mode]
+        assert (failed["check"], failed["detail"], failed["gbps"], failed["reps"]) == ("error", why, None, 0)
+        assert by["cpu", mode]["check"] == "ok" and by["cpu", mode]["gbps"] > 0  # the next row still measured
+    lat = {r["src"]: r for r in latency}
+    assert (lat["pinned"]["median_us"], lat["pinned"]["detail"]) == (None, why)
+    assert lat["cpu"]["median_us"] > 0 and lat["cpu"]["detail"] == ""
+    assert [r["device"] for r in sums] == ["cpu"]
 
 
 def test_rows_and_modes():
     assert bench.default_rows(0) == [("cpu", "cpu")]
     rows = bench.default_rows(2)
     assert len(rows) == 2 * 5 + 2 and ("pageable", "cuda:1") in rows and ("cuda:1", "cuda:0") in rows
-    assert bench.modes_of("cuda:0", "cuda:1", True) == ["ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred"]
+    assert bench.modes_of("cuda:0", "cuda:1", True) == ["ce", "ce_bidir", "sm", "staged", "verified",
+                                                        "verified_deferred"]
     assert "sm" not in bench.modes_of("cuda:0", "cuda:1", False)  # no peer access: no kernel through it
     assert bench.modes_of("cuda:0", "cuda:0", False)[:2] == ["ce", "sm"]  # GPU-local: no two-way
     assert "ce_bidir" in bench.modes_of("pinned", "cuda:0", False)
@@ -163,7 +192,8 @@ def test_version(capsys):
         main(["--version"])
     out = capsys.readouterr().out
     assert e.value.code == 0
-    assert out.startswith(f"pyxfer {pyxfer.__version__} (built against torch ") and f"running torch {torch.__version__}" in out
+    assert out.startswith(f"pyxfer {pyxfer.__version__} (built against torch ")
+    assert f"running torch {torch.__version__}" in out
 
 
 def test_module_entry_point_runs_the_cli():

@@ -55,12 +55,14 @@ def test_spec_normalises_lists_and_accepts_torch_prefix():
 @pytest.mark.parametrize("d,error,match", [
     ({"byte_offset": 0, "shape": [1], "stride": [1]}, ValueError, "expected a dict with keys"),
     ({"byte_offset": 0, "shape": [1], "stride": [1], "dtype": "float32", "x": 1}, ValueError, "expected a dict"),
-    ({"byte_offset": 0, "shape": [1], "stride": [1], "dtype": "float33"}, ValueError, "must name a torch dtype.*float33"),
+    ({"byte_offset": 0, "shape": [1], "stride": [1], "dtype": "float33"}, ValueError,
+     "must name a torch dtype.*float33"),
     ({"byte_offset": 0, "shape": [1], "stride": [1], "dtype": "ones"}, ValueError, "must name a torch dtype.*ones"),
     ({"byte_offset": 0, "shape": [1], "stride": [1], "dtype": 7}, ValueError, "must name a torch dtype"),
     ({"byte_offset": 1.0, "shape": [1], "stride": [1], "dtype": "uint8"}, TypeError, "byte_offset must be an int"),
     ({"byte_offset": True, "shape": [1], "stride": [1], "dtype": "uint8"}, TypeError, "byte_offset must be an int"),
-    ({"byte_offset": 0, "shape": [1.5], "stride": [1], "dtype": "uint8"}, TypeError, "shape must be a sequence of ints"),
+    ({"byte_offset": 0, "shape": [1.5], "stride": [1], "dtype": "uint8"}, TypeError,
+     "shape must be a sequence of ints"),
     ({"byte_offset": 0, "shape": 3, "stride": [1], "dtype": "uint8"}, TypeError, "shape must be a sequence of ints"),
     ({"byte_offset": 0, "shape": [2, 2], "stride": [1], "dtype": "uint8"}, ValueError, "same length"),
 ], ids=["missing-key", "extra-key", "unknown-dtype", "not-a-dtype", "dtype-not-str", "float-offset",
@@ -163,7 +165,8 @@ BAD_SPECS = [
 
 
 @pytest.mark.parametrize("spec,match", BAD_SPECS, ids=["negative-offset", "misaligned", "negative-stride",
-                                                        "negative-shape", "past-end", "one-past-end", "strided-past-end"])
+                                                        "negative-shape", "past-end", "one-past-end",
+                                                        "strided-past-end"])
 def test_restore_rejects_bad_specs(spec, match):
     good = SubviewSpec(0, (4,), (1,), torch.float32)
     with pytest.raises(ValueError, match="pyxfer.buffers.restore_subviews: " + match):
@@ -175,7 +178,8 @@ def test_restore_rejects_bad_specs(spec, match):
 def test_restore_rejects_storage_misalignment_and_non_specs():
     odd = torch.zeros(65, dtype=torch.uint8)[1:]  # the buffer itself starts at storage byte 1
     with pytest.raises(ValueError, match=r"restore_subviews: specs\[0\] lands at byte 9 of the buffer's storage "
-                                         r"\(buffer starts at byte 1\), expected a multiple of 8 \(the size of int64\)"):
+                                         r"\(buffer starts at byte 1\), expected a multiple of 8 "
+                                         r"\(the size of int64\)"):
         restore_subviews(odd, [SubviewSpec(8, (1,), (1,), torch.int64)])
     with pytest.raises(TypeError, match=r"restore_subviews: specs\[0\] must be a SubviewSpec .*got dict"):
         restore_subviews(odd, [SubviewSpec(0, (1,), (1,), torch.uint8).to_dict()])

@@ -140,7 +140,8 @@ def test_pack_to_another_device_is_verified(gen, dev):
 def test_device_mismatches_rejected(dev):
     with pytest.raises(ValueError, match=rf"capture_subviews: views\[0\] is on {dev}, expected buffer's device cpu"):
         capture_subviews(torch.zeros(16, dtype=torch.uint8), [torch.zeros(4, device=dev)])
-    with pytest.raises(ValueError, match=rf"pack: tensors\[1\] is on {dev}, expected the device of tensors\[0\] \(cpu\)"):
+    with pytest.raises(ValueError,
+                       match=rf"pack: tensors\[1\] is on {dev}, expected the device of tensors\[0\] \(cpu\)"):
         pack([torch.zeros(4), torch.zeros(4, device=dev)])
     with pytest.raises(ValueError, match=rf"reload: expected a host PackedBuffer \(data on cpu\), got data on {dev}"):
         pack([torch.zeros(4, device=dev)]).reload(dev)

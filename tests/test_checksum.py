@@ -106,7 +106,7 @@ def test_large_seed_uses_all_64_bits():
 # --- torch integration -------------------------------------------------------------------------
 
 def test_opcheck(gen):
-    for name, t in layouts(torch.float32, gen):
+    for _name, t in layouts(torch.float32, gen):
         torch.library.opcheck(torch.ops.pyxfer.checksum.default, (t, 3))
         torch.library.opcheck(torch.ops.pyxfer.checksum_partial.default, (t, 5, 3))
     partials = torch.randint(-2**63, 2**63 - 1, (5,), dtype=torch.int64, generator=gen)
@@ -137,7 +137,8 @@ def test_meta_tensors_trace_but_have_no_value():
 
 def test_bad_input_is_rejected_with_a_clear_error():
     t = torch.arange(8)
-    with pytest.raises(ValueError, match=r"pyxfer.checksum: t must be a dense strided tensor, got layout torch.sparse_coo"):
+    with pytest.raises(ValueError,
+                       match=r"pyxfer.checksum: t must be a dense strided tensor, got layout torch.sparse_coo"):
         pyxfer.checksum(t.to_sparse())
     with pytest.raises(ValueError, match=r"nested"):
         pyxfer.checksum(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]))

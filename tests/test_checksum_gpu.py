@@ -30,7 +30,8 @@ def test_every_alignment_and_length_on_cuda(gen):
     gbase = base.cuda()
     for offset in range(17):
         for n in list(range(0, 70)) + [1023, 1024, 1025, 4096 - 17]:
-            assert pyxfer.checksum(gbase[offset:offset + n], 11) == pyxfer.checksum(base[offset:offset + n], 11), (offset, n)
+            got, want = pyxfer.checksum(gbase[offset:offset + n], 11), pyxfer.checksum(base[offset:offset + n], 11)
+            assert got == want, (offset, n)
 
 
 @pytest.mark.parametrize("offset", [0, 3, 8])
@@ -84,7 +85,7 @@ def test_runs_on_the_current_non_default_stream(gen):
 
 
 def test_opcheck_and_compile_on_cuda(gen):
-    for name, t in layouts(torch.float16, gen, device="cuda"):
+    for _name, t in layouts(torch.float16, gen, device="cuda"):
         torch.library.opcheck(torch.ops.pyxfer.checksum.default, (t, 3))
         torch.library.opcheck(torch.ops.pyxfer.checksum_partial.default, (t, 2, 3))
     torch.library.opcheck(torch.ops.pyxfer.checksum_combine.default,

@@ -122,7 +122,8 @@ def test_fault_from_the_environment_gives_the_verdict(capsys, monkeypatch, tmp_p
     assert "fault is armed from PYXFER_INJECT_FAULT='" in lines[i + 1]  # said next to the verdict
 
 
-@pytest.mark.parametrize("spec,why", [(",", "unknown fault kind ''"), ("zeros,times=abc", "times must be an integer >= 1"),
+@pytest.mark.parametrize("spec,why", [(",", "unknown fault kind ''"),
+                                      ("zeros,times=abc", "times must be an integer >= 1"),
                                       ("melt", "unknown fault kind 'melt'"), ("bitflip,times=0", "times must be"),
                                       ("zeros,when=now", "'when=now' is not one of path=, src=, dst=, times=")])
 def test_malformed_fault_variable_is_named_with_the_expected_form(spec, why):
@@ -188,7 +189,8 @@ def test_classification_of_a_destination(gen):
     want = pyxfer.checksum(src)
     assert doctor._classify(src.clone(), want, src) == ("ok", {})
     sentinel = torch.full_like(src, doctor.SENTINEL)
-    assert doctor._classify(sentinel, want, src) == ("dropped", {"first_offset": 0, "wrong_bytes": int((src != doctor.SENTINEL).sum())})
+    assert doctor._classify(sentinel, want, src) == ("dropped", {"first_offset": 0,
+                                                                 "wrong_bytes": int((src != doctor.SENTINEL).sum())})
     assert doctor._classify(torch.zeros_like(src), want, src)[0] == "dropped"
     flipped = src.clone()
     flipped[4097] ^= 0x10
@@ -300,7 +302,8 @@ def test_checksum_vector_check_fails_on_a_wrong_value(monkeypatch, capsys):
 def test_format_vector_check_fails_on_a_wrong_value(monkeypatch):
     name, fmt, build, options, expected = _selftest.FORMAT_VECTORS[0]
     wrong = {**expected, "rowwise_scale_inv": [expected["rowwise_scale_inv"][0] + 1]}
-    monkeypatch.setattr(_selftest, "FORMAT_VECTORS", [(name, fmt, build, options, wrong)] + _selftest.FORMAT_VECTORS[1:])
+    monkeypatch.setattr(_selftest, "FORMAT_VECTORS",
+                        [(name, fmt, build, options, wrong)] + _selftest.FORMAT_VECTORS[1:])
     status, detail = doctor._format_vector_check("cpu")
     assert status == "FAIL" and detail.startswith(f"{name}: got ") and "rowwise_scale_inv" in detail
     monkeypatch.undo()
@@ -342,7 +345,8 @@ def test_build_checks_fail_on_a_mismatch(monkeypatch, capsys):
     assert doctor._cuda_build_check({**info, "cuda": True, "cuda_version": "13.0", "cuda_archs": ["sm_90"]},
                                     [gpu]) == ("ok", "CUDA 13.0 build for sm_90")
     assert doctor._arch_check({"cuda_archs": ["sm_90"]}, gpu) == ("ok", "sm_90 machine code in the build")
-    assert doctor._arch_check({"cuda_archs": ["sm_80"]}, gpu)[1].startswith("no sm_90 machine code; runs from sm_80 PTX")
+    assert doctor._arch_check({"cuda_archs": ["sm_80"]}, gpu)[1].startswith(
+        "no sm_90 machine code; runs from sm_80 PTX")
     assert doctor._arch_check({"cuda_archs": ["sm_100"]}, gpu)[0] == "FAIL"
     monkeypatch.setattr(pyxfer._build, "build_info", lambda: {**info, "torch": "2.0.0"})
     code, out = run_doctor(capsys, "--no-cache", "--large", "1M")

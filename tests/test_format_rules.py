@@ -12,6 +12,8 @@ pyxfer fixes one behaviour and keeps CPU == CUDA on it):
   rule: a NaN global amax gives FLT_MAX; a negative tiny one gives -Inf), 1 when A == 0 or S_enc == 0;
   the block scale S_dec_b is capped the same way (fminf: 0 x Inf = NaN becomes FLT_MAX).
 """
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -220,17 +222,35 @@ def _check_nvfp4(t, a, what):
     return q
 
 
+_AMAX_RULE = ("pyxfer.formats.quantize: global_amax must be None or a finite float32 value >= 0 or a 1-element "
+              "floating-point tensor holding one, got ")
+
+
+def _rejects_global_amax(t, a):
+    """A global amax outside [0, FLT_MAX] (negative, NaN, inf) is rejected in every form (issue 22):
+    the reference's rules for it (S_enc -Inf, FLT_MAX, 1) describe values no quantize returns."""
+    with pytest.raises(ValueError, match="^" + re.escape(_AMAX_RULE + repr(a)) + "$"):
+        F.quantize(t, "nvfp4", global_amax=a)
+    for form in (np.float32(a), np.float64(a)):
+        with pytest.raises(ValueError, match="^" + re.escape(_AMAX_RULE + repr(form)) + "$"):
+            F.quantize(t, "nvfp4", global_amax=form)
+    held = float(torch.tensor([a], dtype=torch.float32)[0])
+    with pytest.raises(ValueError, match="^" + re.escape(f"{_AMAX_RULE}a tensor holding {held!r}") + "$"):
+        F.quantize(t, "nvfp4", global_amax=torch.tensor([a], dtype=torch.float32))
+
+
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
 def test_nvfp4_global_amax_rules_match_the_reference(dtype, gen):
-    """Global amaxes the data does not give: negative, negative tiny (S_enc -Inf), NaN (fminf: S_enc
-    FLT_MAX), +Inf (S_enc 0 -> 1), 0 (S_enc 1), fp32 subnormals (S_enc capped at FLT_MAX), below the
-    data's amax (block scales saturate at 448) and far above it (block scales underflow to 0)."""
+    """Global amaxes the data does not give: 0 and -0 (S_enc 1), fp32 subnormals (S_enc capped at
+    FLT_MAX), below the data's amax (block scales saturate at 448) and far above it (block scales
+    underflow to 0) match the reference; negative, negative tiny, NaN and +Inf are rejected."""
     t, x = values((48, 64), dtype, gen)
     t[3, 16:32] = -0.0
     data_amax = float(np.abs(t.float().numpy()).max())
-    for a in (-data_amax, -1e-45, float("nan"), float("inf"), 0.0, 1e-45, 1e-40, data_amax / 1e3, data_amax,
-              data_amax * 1e30):
+    for a in (0.0, -0.0, 1e-45, 1e-40, data_amax / 1e3, data_amax, data_amax * 1e30):
         _check_nvfp4(t, a, f"{dtype} A={a}")
+    for a in (-data_amax, -1e-45, float("nan"), float("inf"), -float("inf")):
+        _rejects_global_amax(t, a)
 
 
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
@@ -244,7 +264,8 @@ def test_nvfp4_nan_elements_match_the_reference(dtype, gen):
     # the default global amax of a tensor holding NaN is NaN (the max does not drop it there)
     d = F.quantize(t, "nvfp4")
     assert np.isnan(float(d.amax_rowwise[0]))
-    _check_nvfp4(t, float("nan"), f"{dtype} NaN global amax")
+    # ...but a NaN given as the global amax is rejected (issue 22), in every form
+    _rejects_global_amax(t, float("nan"))
 
 
 def test_nvfp4_s_enc_rule_itself():

@@ -11,8 +11,21 @@ import torch
 import pyxfer.formats as F
 
 import formats_reference as R
-from test_formats import (BUFFERS, E4M3, E5M2, FP8_BLOCK, FP8_BLOCK_OPTIONS, IN_DTYPES, USAGES, assert_same,
-                          make_input, quantize, reference, reference_dequantize, tbits)
+from test_formats import (
+    BUFFERS,
+    E4M3,
+    E5M2,
+    FP8_BLOCK,
+    FP8_BLOCK_OPTIONS,
+    IN_DTYPES,
+    USAGES,
+    assert_same,
+    make_input,
+    quantize,
+    reference,
+    reference_dequantize,
+    tbits,
+)
 
 pytestmark = pytest.mark.gpu
 

@@ -14,10 +14,9 @@ import pyxfer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from conftest import run_python  # noqa: E402
 from gather_harness import case_names, run_group  # noqa: E402
 from test_gather import assert_case_passed, selected_cases  # noqa: E402
-
-from conftest import run_python  # noqa: E402
 
 _cache = {}
 

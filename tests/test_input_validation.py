@@ -5,11 +5,11 @@ point and, for tensor kinds pyxfer has no kernels for, as the kernel of every to
 import copy
 import pickle
 import re
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 
 import pyxfer

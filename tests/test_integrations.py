@@ -12,7 +12,7 @@ import pyxfer
 from pyxfer.integrations import Integration, IntegrationError, PatchConflictError, PatchReport
 from pyxfer.integrations import accelerate as pxa
 
-accelerate = pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
+pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
 import accelerate.hooks  # noqa: E402
 import accelerate.utils.operations  # noqa: E402
 

@@ -19,8 +19,7 @@ transformers = pytest.importorskip("transformers",
 from accelerate import dispatch_model  # noqa: E402
 from accelerate.utils import send_to_device  # noqa: E402
 
-from integrations_models import (  # noqa: E402
-    block_names, clone_model, device_map, dispatch, hook_state, input_ids, tiny_llama)
+from integrations_models import block_names, clone_model, device_map, dispatch, hook_state, input_ids, tiny_llama  # noqa: E402
 
 Pair = collections.namedtuple("Pair", "first second")
 
@@ -389,7 +388,8 @@ def test_verified_leaf_keeps_strides_and_gradients(gen):
     from pyxfer.nested import _Move, _verified
     m = _Move("cpu", False, frozenset(), "sync", None, True, True)
     base = torch.randn(4, 6, 10, generator=gen, dtype=torch.float64)
-    views = (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2], base[1:2].expand(3, 6, 10))
+    views = (base, base.permute(2, 0, 1), base.transpose(0, 2), base[:, 1:4], base[..., ::2],
+             base[1:2].expand(3, 6, 10))
     for t in views:
         out = _verified(t, m)
         want = t.to("meta")  # Tensor.to's strides: kept when dense and non-overlapping, else contiguous

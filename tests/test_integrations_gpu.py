@@ -158,6 +158,7 @@ def test_training_through_the_split_with_adapters(gen):
 @pytest.mark.gpu
 def test_forward_raising_in_a_cuda_block_restores_the_current_device(gen):
     from accelerate import dispatch_model
+
     from test_integrations_accelerate import Net
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     net = dispatch_model(Net(), {"first": "cpu", "boom": 0, "last": "cpu"}, main_device="cpu")

@@ -30,7 +30,7 @@ from pyxfer.integrations import transformer_engine as pyxfer_te
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "te"))
-import shims
+import shims  # noqa: E402  (from tests/te, put on sys.path above)
 
 TE_OK, TE_WHY = shims.te_available()
 needs_te = pytest.mark.skipif(
@@ -49,7 +49,8 @@ def _case_names(world):
 
 def run_group(world, seed=None):
     """Spawn ``world`` TE workers; returns (seed, {case: [None or error text per rank]})."""
-    seed = seed if seed is not None else int(os.environ.get("PYXFER_TE_SEED") or int.from_bytes(os.urandom(4), "little"))
+    if seed is None:
+        seed = int(os.environ.get("PYXFER_TE_SEED") or int.from_bytes(os.urandom(4), "little"))
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "te", "worker.py"), "--rank", str(r),
@@ -219,7 +220,8 @@ def test_te_missing_is_a_clear_error():
 
 
 def test_importing_the_integration_imports_no_te():
-    code = "import sys, pyxfer.integrations.transformer_engine; print(any(m.startswith('transformer_engine') for m in sys.modules))"
+    code = ("import sys, pyxfer.integrations.transformer_engine; "
+            "print(any(m.startswith('transformer_engine') for m in sys.modules))")
     out = _python(code)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 

@@ -312,7 +312,8 @@ def _make_gather_along_first_dim(te, original, verify):
             return original(*args, **kwargs)
         inp, group, quantizer = call.get("inp"), call.get("process_group"), call.get("quantizer")
         generic = (quantizer is not None and not isinstance(quantizer, te.dispatched_quantizers)
-                   and not isinstance(inp, te.dispatched_inputs) and set(call) <= {"inp", "process_group"} | _KNOWN_KWARGS
+                   and not isinstance(inp, te.dispatched_inputs)
+                   and set(call) <= {"inp", "process_group"} | _KNOWN_KWARGS
                    and not call.get("external_coalescing", False) and call.get("output_tensor") is None
                    and type(inp).__name__ != "DebugQuantizedTensor" and dist.get_world_size(group) > 1)
         if not generic:

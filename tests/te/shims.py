@@ -24,8 +24,8 @@ def install_cpu_device():
 def te_available():
     """(True, "") if transformer_engine.pytorch imports, else (False, why)."""
     try:
-        import transformer_engine.pytorch  # noqa: F401
         import transformer_engine
+        import transformer_engine.pytorch  # noqa: F401
         return True, transformer_engine.__version__
     except Exception as e:  # ImportError, OSError (a missing shared library), ...
         return False, f"{type(e).__name__}: {e}"

@@ -21,25 +21,24 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-import shims
-from gather_worker import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of
+# E402 waived below: the helpers import from the sys.path set above, and TE only after the CPU device shim
+import pyxfer  # noqa: E402
+from pyxfer import formats  # noqa: E402
+from pyxfer.integrations import transformer_engine as pyxfer_te  # noqa: E402
 
-import pyxfer
-from pyxfer import formats
-from pyxfer.integrations import transformer_engine as pyxfer_te
+import shims  # noqa: E402
+from gather_worker import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of  # noqa: E402
 
 shims.install_cpu_device()
-import transformer_engine.pytorch.module.linear as te_linear
-from transformer_engine.pytorch import DType
-from transformer_engine.pytorch.quantized_tensor import Quantizer
-from transformer_engine.pytorch.tensor.float8_blockwise_tensor import (
-    Float8BlockQuantizer, Float8BlockwiseQTensor)
-from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
-from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
-from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
-    Float8BlockwiseQTensorStorage)
-from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
-from transformer_engine.pytorch.tensor.storage.nvfp4_tensor_storage import NVFP4TensorStorage
+import transformer_engine.pytorch.module.linear as te_linear  # noqa: E402
+from transformer_engine.pytorch import DType  # noqa: E402
+from transformer_engine.pytorch.quantized_tensor import Quantizer  # noqa: E402
+from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor  # noqa: E402
+from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor  # noqa: E402
+from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor  # noqa: E402
+from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage  # noqa: E402
+from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage  # noqa: E402
+from transformer_engine.pytorch.tensor.storage.nvfp4_tensor_storage import NVFP4TensorStorage  # noqa: E402
 
 FAMILIES = ("fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4")
 USAGES = ((True, False), (False, True), (True, True))
