@@ -27,7 +27,7 @@ from pyxfer import formats  # noqa: E402
 from pyxfer.integrations import transformer_engine as pyxfer_te  # noqa: E402
 
 import shims  # noqa: E402
-from gather_worker import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of  # noqa: E402
+from gather_harness import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of  # noqa: E402
 
 shims.install_cpu_device()
 import transformer_engine.pytorch.module.linear as te_linear  # noqa: E402
