@@ -5,7 +5,7 @@
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
 # Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
 # arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
-# PYXFER_CXX (compiler).
+# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once), PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -56,9 +56,25 @@ fi
 
 if wants tests; then
   step "tests"
-  timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} ${PYXFER_TESTS:-tests} \
-    --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ -n "${PYXFER_TEST_SHARDS:-}" ]; then
+    # shards run at once (each a set of pytest arguments, separated by '|'); every one shares the GPUs
+    IFS='|' read -ra shards <<< "$PYXFER_TEST_SHARDS"
+    pids=()
+    for i in "${!shards[@]}"; do
+      # shellcheck disable=SC2086
+      timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=8 \
+        ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} ${shards[$i]} --junitxml="$OUT/tests_$i.xml" > "$OUT/tests_$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}" || status=1
+      echo "--- shard $i: ${shards[$i]}"; tail -40 "$OUT/tests_$i.log"
+    done
+  else
+    timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=12 ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} ${PYXFER_TESTS:-tests} \
+      --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -60
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 
 if wants bench; then

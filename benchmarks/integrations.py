@@ -34,8 +34,11 @@ costs on this host's CPU, next to the unattached forward time.
 
 Then the same on a cpu/cuda:0 split (--cpu-layers decoder layers, the embeddings and the rotary
 embedding on the CPU, dispatch_model(main_device="cpu"): activations cross the link in the hooks),
-reported without a target (--reps/2 calls per round, --split-budget-s, at least 3 rounds). Needs
-one GPU; runs offline (no hub access); about 2 minutes.
+reported without a target (--reps/2 calls per round, --split-budget-s, at least 3 rounds). Where two
+GPUs are visible, last the cuda:0/cuda:1 split (the second half of the layers, the norm and lm_head on
+cuda:1, inputs on cuda:0; activations and logits cross the peer link in the hooks), with the same
+targets (--no-gpu-split skips it). Needs one GPU; runs offline (no hub access); about 2 minutes
+(3 with two GPUs).
 
     python benchmarks/integrations.py [--hidden 1024 --layers 8 --batch 1 --seq 128] [--json out.json]
 
@@ -105,30 +108,34 @@ def llama(args, device, dtype, **overrides):
     return model.to(dtype).eval()
 
 
-def per_layer_map(layers, cpu_layers, gpu):
+def per_layer_map(layers, cpu_layers, gpu, second_gpu=None):
+    """One entry per block; with second_gpu, the second half of the layers, the norm and lm_head there."""
     names = ["model.embed_tokens", "model.rotary_emb"] + [f"model.layers.{i}" for i in range(layers)]
     names += ["model.norm", "lm_head"]
     on_cpu = set(names) if gpu == "cpu" else set()
     if cpu_layers:
         on_cpu = {"model.embed_tokens", "model.rotary_emb"} | {f"model.layers.{i}" for i in range(cpu_layers)}
-    return {n: ("cpu" if n in on_cpu else gpu) for n in names}
+    on_second = set()
+    if second_gpu is not None:
+        on_second = {f"model.layers.{i}" for i in range(layers // 2, layers)} | {"model.norm", "lm_head"}
+    return {n: ("cpu" if n in on_cpu else second_gpu if n in on_second else gpu) for n in names}
 
 
-def dispatch(model, layers, cpu_layers, gpu):
+def dispatch(model, layers, cpu_layers, gpu, second_gpu=None):
     """The model dispatched by accelerate with per-layer blocks, executing where its map says (no
     offload: main_device is the CPU when any block is there)."""
     from accelerate import dispatch_model
     main_device = "cpu" if cpu_layers or gpu == "cpu" else gpu
-    return dispatch_model(model, per_layer_map(layers, cpu_layers, gpu), main_device=main_device,
+    return dispatch_model(model, per_layer_map(layers, cpu_layers, gpu, second_gpu), main_device=main_device,
                           force_hooks=True, skip_keys=model._skip_keys_device_placement)
 
 
-def dispatched_copies(args, cpu_layers):
+def dispatched_copies(args, cpu_layers, second_gpu=None):
     """{variant: a dispatched copy of one model (same weights), attached with its options}."""
     base = llama(args, "cuda:0", torch.bfloat16)
     models = {}
     for name, options in VARIANTS.items():
-        models[name] = dispatch(copy.deepcopy(base), args.layers, cpu_layers, 0)
+        models[name] = dispatch(copy.deepcopy(base), args.layers, cpu_layers, 0, second_gpu)
         if options is not None:
             pxa.attach(models[name], **options)
     del base
@@ -138,6 +145,11 @@ def dispatched_copies(args, cpu_layers):
 def detach_all(models):
     for model in models.values():
         pxa.detach(model)  # deferred: checks its transfers
+
+
+def sync_all():
+    for i in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(i)
 
 
 def timed_s(fn, sync):
@@ -296,6 +308,19 @@ def gpu_main(args):
         detach_all(models)
         result["split"] = table(f"the cpu/cuda:0 split (embeddings and {args.cpu_layers} layers on the CPU, "
                                 f"main_device='cpu'), same run, no target\n{shape}", times, rounds, args, False)
+        del models
+    if torch.cuda.device_count() >= 2 and args.gpu_split:
+        # The 2-GPU split: activations cross the peer link in the hooks, and the logits come back
+        # from cuda:1 to the inputs' device, cuda:0 (io_same_device).
+        models = dispatched_copies(args, 0, second_gpu=1)
+        times, rounds = run_rounds(models, ids.to("cuda:0"), args, reps=args.reps, budget_s=args.budget_s,
+                                   min_rounds=args.min_rounds, sync=sync_all)
+        detach_all(models)
+        result["gpu_split"] = table(f"the cuda:0/cuda:1 split (layers {args.layers // 2}.. , norm and lm_head on "
+                                    f"cuda:1, inputs on cuda:0), same run\n{shape}", times, rounds, args, True)
+        del models
+    elif args.gpu_split:
+        print("the cuda:0/cuda:1 split needs 2 GPUs: skipped\n")
     print(f"total {time.perf_counter() - started:.0f} s")
     write_json(args.json, result)
 
@@ -458,6 +483,8 @@ def main():
     p.add_argument("--split-budget-s", type=float, default=15,
                    help="the same for the cpu/cuda:0 split (at least 3 rounds there)")
     p.add_argument("--cpu-layers", type=int, default=2, help="decoder layers on the CPU in the split (0: skip it)")
+    p.add_argument("--no-gpu-split", dest="gpu_split", action="store_false",
+                   help="skip the cuda:0/cuda:1 split (run where 2 GPUs are visible)")
     p.add_argument("--host", action="store_true", help="pyxfer's host time per hooked call, on the CPU (no GPU)")
     p.add_argument("--host-reps", type=int, default=15, help="--host: timed batches of 2000 hooked calls per block")
     p.add_argument("--host-rounds", type=int, default=15, help="--host: rounds of the end-to-end forward")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 rows = []
-if (out / "tests.xml").exists():
-    suite = ET.parse(out / "tests.xml").getroot()
+for xml in sorted(out.glob("tests*.xml")):  # tests.xml, or tests_<shard>.xml per shard
+    suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     n, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-    rows.append(("tests", f"{n - f - e - s} passed, {f + e} failed, {s} skipped"))
+    rows.append((xml.stem, f"{n - f - e - s} passed, {f + e} failed, {s} skipped"))
 if (out / "doctor.json").exists():
     try:
         d = json.loads((out / "doctor.json").read_text())
