@@ -3,9 +3,10 @@ lazily allocated state, a Triton kernel launched with tensors and with raw point
 extensions pass them). Triton launches run in subprocesses: an illegal address is a sticky error
 that poisons the CUDA context, and @triton.jit needs its source in a real file.
 
-Two GPUs: with the current device 0 and the data on cuda:1, the raw-pointer launch crashes with an
-illegal memory access without the guard and is correct with it (TE #3124's class of bug). Peer
-access is never enabled in these children: it would turn the crash into a silent race.
+Two GPUs: with the current device 0 and the data on cuda:1, the raw-pointer launch goes wrong
+without the guard and is correct with it (TE #3124's class of bug). How it goes wrong depends on the
+machine: an illegal memory access, or (two H100s of one host, driver 580, run P) no error at all and a
+destination never written. Peer access is never enabled in these children.
 """
 import os
 import subprocess
@@ -68,7 +69,9 @@ elif mode == "tensors":
 else:
     raise SystemExit(f"unknown mode {mode}")
 torch.cuda.synchronize(x.device)
-print("OK" if torch.equal(y.cpu(), x.cpu() + 1) else "WRONG")
+got, want = y.cpu(), x.cpu() + 1
+right, sentinel = int((got == want).sum()), int(got.isnan().sum())
+print("OK" if right == n - 1 else f"WRONG: {right} of {n - 1} elements right, {sentinel} still the sentinel")
 '''
 
 
@@ -113,9 +116,13 @@ def test_guard_sets_device_stream_and_lazy_allocations(gen):
 
 
 @pytest.mark.multigpu
-def test_raw_pointer_launch_on_another_device_crashes_without_the_guard(tmp_path):
+def test_raw_pointer_launch_on_another_device_goes_wrong_without_the_guard(tmp_path):
     r = run_child(tmp_path, "plain", "cuda:1")
-    assert r.returncode != 0 and "illegal memory access" in r.stdout + r.stderr, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    print(out[-400:])  # which way it went on this machine, for the run's log
+    crashed = r.returncode != 0 and "illegal memory access" in out
+    wrong = r.returncode == 0 and "WRONG:" in r.stdout
+    assert crashed or wrong, out
 
 
 @pytest.mark.multigpu

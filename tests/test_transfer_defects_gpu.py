@@ -335,7 +335,10 @@ def test_capture_across_two_gpus_keeps_its_temporaries(capture_on, gen):
     torch.cuda.synchronize(1)
     torch.cuda.set_device(capture_on)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # a capture stream of its own on the capturing device (torch.cuda.graph's default capture stream
+    # is made once per process, on the device current at the first capture)
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream(capture_on)):
+        assert torch.cuda.current_device() == capture_on
         outs = [pyxfer.verified_copy(s, "cuda:1", route="direct", verify="deferred") for s in (src, big)]
         if capture_on == 1:
             with pytest.raises(RuntimeError, match=r"a non-contiguous source on cuda:0 cannot be captured"):

@@ -6,7 +6,8 @@ completed on the stream that uses it. On NCCL the caller's stream waits for the 
 ``GatherHandle.wait``; in fused mode the records are read on a side stream, whose ``work.wait()``
 lets ProcessGroupNCCL drop its references to every posted buffer, so each one is recorded on that
 side stream after the wait (the caching allocator then reuses it only once the collective is done,
-even when the caller drops the handle or a local step raised). Work objects are dropped as soon as
+even when the caller drops the handle or a local step raised), and the caller's stream waits for that
+point of the side stream before it reads the data (_StreamPoint). Work objects are dropped as soon as
 they were waited for (a gloo Work that outlives its process group aborts the process at exit)."""
 import contextlib
 
@@ -129,6 +130,22 @@ class _RecordBuffers:
 _free_record_buffers = {}  # (device, world) -> sets no call holds (list pop / append are atomic)
 
 
+class _StreamPoint:
+    """A point on a stream that stands for a collective already waited for there: ``wait()`` makes
+    the current stream wait for it (what NCCL's ``Work.wait()`` does)."""
+
+    def __init__(self, stream):
+        self._event, self._device = torch.cuda.Event(), stream.device
+        self._event.record(stream)
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    def wait(self):
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+        return True
+
+
 class Records:
     """One call's records: every rank's, gathered; the host reads them once (``read``). A call holds
     a buffer set of its own until ``release()``, so that calls in flight never share one.
@@ -192,7 +209,9 @@ class Records:
                 for p in posted:
                     p.send.record_stream(side)
                     p.recv.record_stream(side)
-                self.works = []
+                # The Work objects are done with; the caller's stream waits for this point of the side
+                # stream instead (complete() / GatherHandle.wait()) before it reads the data.
+                self.works = [_StreamPoint(side)]
             self.host.copy_(self.dev, non_blocking=True)
             self.event.record(side)
 
