@@ -5,7 +5,8 @@
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
 # Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
 # arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
-# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once), PYXFER_CXX (compiler).
+# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once), PYXFER_BENCH_PRESET,
+# PYXFER_BENCH_ARGS (more `pyxfer bench` arguments), PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -81,7 +82,9 @@ if wants bench; then
   step "pyxfer bench (${PYXFER_BENCH_PRESET:-quick} preset)"
   plot=()
   if $PY -c "import matplotlib" 2>/dev/null; then plot=(--plot "$OUT/pyxfer_bench.png"); fi
-  $PY -m pyxfer bench --preset "${PYXFER_BENCH_PRESET:-quick}" --no-progress --json "$OUT/pyxfer_bench.json" ${plot[@]+"${plot[@]}"} \
+  # shellcheck disable=SC2086  (PYXFER_BENCH_ARGS: more arguments, e.g. --pairs / --sizes, split on spaces)
+  $PY -m pyxfer bench --preset "${PYXFER_BENCH_PRESET:-quick}" ${PYXFER_BENCH_ARGS:-} --no-progress \
+    --json "$OUT/pyxfer_bench.json" ${plot[@]+"${plot[@]}"} \
     2>&1 | tee "$OUT/pyxfer_bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

@@ -29,6 +29,16 @@ inline void check_partials(const char* op, const at::Tensor& partials) {
               " with shape ", partials.sizes());
 }
 
+// sm_copy's operands: dense, contiguous, the same number of bytes (any dtypes).
+inline void check_sm_copy(const char* op, const at::Tensor& src, const at::Tensor& dst) {
+  check_dense(op, "src", src);
+  check_dense(op, "dst", dst);
+  TORCH_CHECK(src.is_contiguous() && dst.is_contiguous(), op, ": src and dst must be contiguous, got ",
+              src.is_contiguous() ? "a non-contiguous dst" : "a non-contiguous src");
+  TORCH_CHECK(src.nbytes() == dst.nbytes(), op, ": src and dst must hold the same number of bytes, got ",
+              src.nbytes(), " and ", dst.nbytes());
+}
+
 // PXH64 takes the uint64 bits of int64 arguments (seeds and sums are unsigned by definition).
 inline uint64_t u64(int64_t v) { return static_cast<uint64_t>(v); }
 

@@ -25,6 +25,11 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("verified_copy(Tensor src, Device device, str route=\"auto\", str verify=\"sync\") -> Tensor");
   // Unverified copy through the bounded pool of pinned host buffers, pipelined in chunks.
   m.def("staged_copy(Tensor src, Device device) -> Tensor");
+  // Copies src's bytes into dst (both contiguous, the same number of bytes) with a copy kernel: on
+  // dst's GPU reading src's memory (pull) or on src's GPU writing dst's (push), on that GPU's current
+  // stream, ordered after and before the other GPU's current stream like a copy_ between devices.
+  // Unverified; what `pyxfer bench` times as the SM copy modes. On the CPU: a memcpy.
+  m.def("sm_copy(Tensor src, Tensor(a!) dst, bool pull=True) -> ()");
   // Health of the ordered pair (src, dst): 0 unknown, 1 healthy, 2 corrupt.
   m.def("health_status(int src, int dst) -> int");
   m.def("health_mark(int src, int dst, int state) -> ()");

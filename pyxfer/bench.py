@@ -7,9 +7,11 @@ and staged copies). Plus PXH64 checksum throughput on every device.
 Modes:
   ce                 torch's copy_ of contiguous bytes: the driver's copy engine (cudaMemcpyAsync)
   ce_bidir           ce in both directions at once (two streams; GB/s counts both directions' bytes)
-  sm                 a copy kernel (torch's copy_ with a byte reinterpretation, uint8 -> int8, which
-                     launches torch's elementwise copy on the source device: a push through peer
-                     memory); GPU-local and GPU pairs with peer access
+  sm_pull            pyxfer's copy kernel (torch.ops.pyxfer.sm_copy: 16-byte loads and stores, one
+                     wave of blocks) on the destination GPU, reading the source's memory; GPU pairs
+                     with peer access (the way pyxfer's verified peer copies move data)
+  sm_push            the same kernel on the source GPU, writing into the destination's memory; GPU
+                     pairs with peer access and GPU-local rows (where pull and push are one thing)
   staged             pyxfer.staged_copy (through the pinned host pool)
   verified           pyxfer.verified_copy(verify="sync"): hashes on both ends, compared on the host
   verified_deferred  pyxfer.verified_copy(verify="deferred"): compared on the device, no host wait
@@ -29,7 +31,8 @@ The method check times torch's copy_ in the simplest correct way (20 back-to-bac
 two events from an idle stream) at the largest size on host <-> GPU and GPU-local rows, and reports
 bench's ce figure over it (1.00 = the harness adds nothing and loses nothing).
 
---json PATH writes one document, schema "pyxfer.bench", version 1:
+--json PATH writes one document, schema "pyxfer.bench", version 2 (version 1 had one "sm" mode, torch's
+copy kernel pushing; --compare reads version 1 documents too, their "sm" points match nothing):
   schema, schema_version, created (UTC ISO 8601), argv, gpu (bool), machine (host, platform, python,
   torch, torch_cuda, nccl, driver, gpus [{index, name, uuid, capability, memory_gib, sms}],
   peer_access [[bool|null]], pyxfer, build, threads, env), method {description, warmup, reps,
@@ -55,8 +58,9 @@ from ._timing import Samples, cpu_samples, cuda_samples, fmt_gbps, fmt_size
 
 __all__ = ["MODES", "PRESETS", "SCHEMA", "SCHEMA_VERSION", "run", "validate", "compare"]
 
-SCHEMA, SCHEMA_VERSION = "pyxfer.bench", 1
-MODES = ("ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred")
+SCHEMA, SCHEMA_VERSION = "pyxfer.bench", 2
+_OLD_MODES = {1: ("ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred")}  # what --compare reads
+MODES = ("ce", "ce_bidir", "sm_pull", "sm_push", "staged", "verified", "verified_deferred")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PRESETS = {
     "quick": {"sizes": [4 * KiB, MiB, 64 * MiB], "reps": 5, "warmup": 2},
@@ -110,8 +114,10 @@ def modes_of(src, dst, peer):
     modes = ["ce"]
     if (gpu_pair and src != dst) or "pinned" in (src, dst):
         modes.append("ce_bidir")
+    if gpu_pair and src != dst and peer:
+        modes.append("sm_pull")
     if gpu_pair and (src == dst or peer):
-        modes.append("sm")
+        modes.append("sm_push")
     return modes + ["staged", "verified", "verified_deferred"]
 
 
@@ -139,9 +145,8 @@ class _Point:
         self.out = None
         self.checks = []  # (destination tensor, the source it must equal)
         dev = _device(dst)
-        if mode in ("ce", "sm", "ce_bidir"):
+        if mode in ("ce", "sm_pull", "sm_push", "ce_bidir"):
             self.out = _buffer(dst, n, fill=0xC3)
-            out = self.out.view(torch.int8) if mode == "sm" else self.out
             if mode == "ce_bidir":
                 self.back_src = _buffer(dst, n, data=data_gpu)
                 self.back_out = _buffer(src, n, fill=0xC3)
@@ -149,7 +154,13 @@ class _Point:
                 # stream on the destination's device would not exist
                 self.side = torch.cuda.Stream(device=self.anchor)
                 self.checks.append(lambda: (self.back_out, self.back_src))
-            self.fn = (lambda _: out.copy_(self.data, non_blocking=True)) if mode != "ce_bidir" else self._bidir
+            if mode == "ce_bidir":
+                self.fn = self._bidir
+            elif mode == "ce":
+                self.fn = lambda _: self.out.copy_(self.data, non_blocking=True)
+            else:
+                pull = mode == "sm_pull"
+                self.fn = lambda _: torch.ops.pyxfer.sm_copy(self.data, self.out, pull)
             self.checks.append(lambda: (self.out, self.data))
         else:
             verify = {"staged": None, "verified": "sync", "verified_deferred": "deferred"}[mode]
@@ -172,8 +183,11 @@ class _Point:
 
     @property
     def anchor(self):
-        """The GPU whose current stream torch issues the copy on (the source's; the GPU of a host row)."""
-        return None if self.src == "cpu" else _device(self.dst) if _is_host(self.src) else _device(self.src)
+        """The GPU whose current stream the copy is issued on: the source's (torch's copies, sm_push),
+        the destination's (sm_pull), the GPU of a host row."""
+        if self.src == "cpu":
+            return None
+        return _device(self.dst) if _is_host(self.src) or self.mode == "sm_pull" else _device(self.src)
 
     @property
     def can_hold(self):
@@ -490,19 +504,23 @@ def plot(doc, path):
     plt.close(fig)
 
 
-def validate(doc):
-    """Raise ValueError unless ``doc`` is a pyxfer.bench document of this schema version."""
+def validate(doc, *, older=False):
+    """Raise ValueError unless ``doc`` is a pyxfer.bench document of this schema version (``older``:
+    or of an earlier one --compare can read)."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{SCHEMA} schema_version {doc.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    version = doc.get("schema_version")
+    known = [SCHEMA_VERSION] + (sorted(_OLD_MODES) if older else [])
+    if version not in known:
+        raise ValueError(f"{SCHEMA} schema_version {version!r}, expected {' or '.join(map(str, known))}")
+    modes = MODES if version == SCHEMA_VERSION else _OLD_MODES[version]
     for key in ("created", "machine", "method", "config", "results", "ratios", "latency", "checksum",
                 "method_check", "corrupt"):
         if key not in doc:
             raise ValueError(f"{SCHEMA} document without {key!r}")
     for r in doc["results"]:
         missing = {"src", "dst", "mode", "bytes", "gbps", "check"} - set(r)
-        if missing or r["mode"] not in MODES or r["check"] not in ("ok", "corrupt", "error"):
+        if missing or r["mode"] not in modes or r["check"] not in ("ok", "corrupt", "error"):
             raise ValueError(f"{SCHEMA}: malformed result {r!r}")
 
 
@@ -539,7 +557,7 @@ def run(args) -> int:
         if args.compare:
             with open(args.compare) as f:
                 old = json.load(f)
-            validate(old)
+            validate(old, older=True)
     except (OSError, ValueError) as e:
         print(f"pyxfer bench: {e}", file=sys.stderr)
         return 2

@@ -16,8 +16,8 @@ on a machine without GPUs):
 
 Probes: random bytes at 3 sizes (4093 B, 4 MiB and --large, default 64 MiB; 16 MiB for cpu -> cpu)
 copied into sentinel-filled (0xC3) destinations along each path: "ce" (torch's copy_, the copy engine
-for host <-> GPU and peer pairs), "sm" (a copy kernel reading the peer's memory: torch's copy_ with
-a byte reinterpretation, GPU pairs with peer access), "pyxfer" (pyxfer's direct path, unverified:
+for host <-> GPU and peer pairs), "sm" (pyxfer's copy kernel on the destination GPU reading the
+source's memory, torch.ops.pyxfer.sm_copy; GPU pairs with peer access), "pyxfer" (pyxfer's direct path, unverified:
 the path verified copies take first) — each destination checked with PXH64 on its own device — then
 one 4 KiB copy with an injected bit flip that must be caught, proving the check works. GB/s is the
 large "ce" copy's. Every probe runs in a child process under a watchdog, so a sticky CUDA error or a
@@ -268,8 +268,8 @@ def _probe_pair(task):
                     start = time.perf_counter()
                     if path == "ce":
                         out.copy_(data)
-                    else:  # uint8 -> int8 keeps the bits and makes torch launch its copy kernel
-                        out.view(torch.int8).copy_(data)
+                    else:  # a pull, as pyxfer's verified peer copies move data
+                        torch.ops.pyxfer.sm_copy(data, out, True)
                     _sync(src, dst)
                     seconds = time.perf_counter() - start
                 else:

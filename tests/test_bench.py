@@ -21,7 +21,7 @@ SIZES = [4096, 65536 + 3]  # an odd size too
 def check_schema(doc):
     """The --json document as pyxfer/bench.py's docstring documents it (schema pyxfer.bench, 1)."""
     bench.validate(doc)
-    assert doc["schema"] == "pyxfer.bench" and doc["schema_version"] == 1
+    assert doc["schema"] == "pyxfer.bench" and doc["schema_version"] == 2
     assert isinstance(doc["gpu"], bool) and isinstance(doc["argv"], list) and doc["created"].endswith("+00:00")
     m = doc["machine"]
     assert {"host", "platform", "python", "torch", "torch_cuda", "driver", "gpus", "peer_access", "pyxfer",
@@ -120,8 +120,27 @@ def test_compare_rejects_what_is_not_a_bench_document(tmp_path, capsys):
     (tmp_path / "doctor.json").write_text(json.dumps({"schema": "pyxfer.doctor", "schema_version": 2}))
     assert main(["bench", "--compare", str(tmp_path / "doctor.json")]) == 2
     assert "not a pyxfer.bench document (schema 'pyxfer.doctor')" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="schema_version 0, expected 1"):
+    with pytest.raises(ValueError, match="schema_version 0, expected 2$"):
         bench.validate({"schema": "pyxfer.bench", "schema_version": 0})
+    with pytest.raises(ValueError, match="schema_version 1, expected 2$"):  # a run's own document: this version
+        bench.validate({"schema": "pyxfer.bench", "schema_version": 1})
+    with pytest.raises(ValueError, match="schema_version 0, expected 2 or 1$"):
+        bench.validate({"schema": "pyxfer.bench", "schema_version": 0}, older=True)
+
+
+def test_compare_reads_a_version_1_document(cpu_run):
+    """--compare reads the previous schema: its modes are checked against that version's (its "sm",
+    torch's push kernel, is a mode of version 1 only and matches no point of a version 2 run)."""
+    doc = cpu_run[3]
+    old = json.loads(json.dumps(doc))
+    old["schema_version"] = 1
+    point = dict(old["results"][0], mode="sm", gbps=1e6)
+    old["results"].append(point)
+    bench.validate(old, older=True)
+    assert bench.compare(doc, old, 0.10) == []
+    old["results"].append(dict(point, mode="sm_pull"))  # a version 2 mode in a version 1 document
+    with pytest.raises(ValueError, match="malformed result"):
+        bench.validate(old, older=True)
 
 
 def test_a_corrupting_path_is_reported_and_the_bench_carries_on():
@@ -164,10 +183,11 @@ def test_rows_and_modes():
     assert bench.default_rows(0) == [("cpu", "cpu")]
     rows = bench.default_rows(2)
     assert len(rows) == 2 * 5 + 2 and ("pageable", "cuda:1") in rows and ("cuda:1", "cuda:0") in rows
-    assert bench.modes_of("cuda:0", "cuda:1", True) == ["ce", "ce_bidir", "sm", "staged", "verified",
+    assert bench.modes_of("cuda:0", "cuda:1", True) == ["ce", "ce_bidir", "sm_pull", "sm_push", "staged", "verified",
                                                         "verified_deferred"]
-    assert "sm" not in bench.modes_of("cuda:0", "cuda:1", False)  # no peer access: no kernel through it
-    assert bench.modes_of("cuda:0", "cuda:0", False)[:2] == ["ce", "sm"]  # GPU-local: no two-way
+    no_peer = bench.modes_of("cuda:0", "cuda:1", False)  # no peer access: no kernel through it
+    assert "sm_pull" not in no_peer and "sm_push" not in no_peer
+    assert bench.modes_of("cuda:0", "cuda:0", False)[:2] == ["ce", "sm_push"]  # GPU-local: no two-way, one kernel
     assert "ce_bidir" in bench.modes_of("pinned", "cuda:0", False)
     assert "ce_bidir" not in bench.modes_of("pageable", "cuda:0", False)
     assert bench.parse_rows("pinned->cuda:1, cuda:0->cuda:0", 2) == [("pinned", "cuda:1"), ("cuda:0", "cuda:0")]
@@ -178,7 +198,7 @@ def test_rows_and_modes():
 
 def test_bad_arguments_exit_2_naming_them(capsys):
     assert main(["bench", "--modes", "ce,warp"]) == 2
-    assert "--modes: expected names from ce,ce_bidir,sm,staged,verified,verified_deferred, got warp" in \
+    assert "--modes: expected names from ce,ce_bidir,sm_pull,sm_push,staged,verified,verified_deferred, got warp" in \
         capsys.readouterr().err
     assert main(["bench", "--reps", "0"]) == 2
     assert "--reps must be >= 1" in capsys.readouterr().err

@@ -45,7 +45,8 @@ def test_host_and_local_rows_measured_and_checked(one_gpu_run):
     assert all(r["check"] == "ok" and r["gbps"] > 0 for r in doc["results"]), \
         [r for r in doc["results"] if r["check"] != "ok"]
     held = {(r["src"], r["dst"], r["mode"]): r["held"] for r in doc["results"]}
-    assert held[("pinned", "cuda:0", "ce")] and held[("cuda:0", "cuda:0", "ce")] and held[("cuda:0", "cuda:0", "sm")]
+    assert held[("pinned", "cuda:0", "ce")] and held[("cuda:0", "cuda:0", "ce")]
+    assert held[("cuda:0", "cuda:0", "sm_push")]
     assert not held[("pageable", "cuda:0", "ce")] and not held[("pinned", "cuda:0", "verified")]
     assert {c["device"] for c in doc["checksum"]} == {"cpu"} | {f"cuda:{i}" for i in range(torch.cuda.device_count())}
     assert len(doc["latency"]) == 5 and doc["corrupt"] == []
@@ -72,7 +73,10 @@ def test_gpu_pair_rows(tmp_path):
     peer = doc["machine"]["peer_access"][0][1]
     modes = {r["mode"] for r in doc["results"]}
     assert {"ce", "ce_bidir", "staged", "verified", "verified_deferred"} <= modes
-    assert ("sm" in modes) == bool(peer)
+    assert ("sm_pull" in modes) == ("sm_push" in modes) == bool(peer)
+    if peer:  # the pull runs on the destination GPU, held like the copy engine's copies
+        pulls = {(r["src"], r["bytes"]): r for r in doc["results"] if r["mode"] == "sm_pull"}
+        assert pulls[("cuda:0", 64 << 20)]["held"] and pulls[("cuda:1", 64 << 20)]["gbps"] > 0
     assert all(r["check"] == "ok" for r in doc["results"])
     bidir = {r["bytes"]: r for r in doc["results"] if r["mode"] == "ce_bidir" and r["src"] == "cuda:0"}
     assert bidir[64 << 20]["held"]

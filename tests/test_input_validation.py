@@ -96,6 +96,7 @@ def _native_op_calls(bad, x, u8, f32):
         ("verified_copy", "src", lambda: torch.ops.pyxfer.verified_copy(bad, torch.device("cpu"), "auto", "sync")),
         ("staged_copy", "src", lambda: torch.ops.pyxfer.staged_copy(bad, torch.device("cpu"))),
         ("swap_first_dims", "src", lambda: torch.ops.pyxfer.swap_first_dims(bad)),
+        ("sm_copy", "dst", lambda: torch.ops.pyxfer.sm_copy(u8, bad, True)),  # a mutated argument
         ("quantize_fp8_block", "x", lambda: torch.ops.pyxfer.quantize_fp8_block(bad, 1, True, False, E4M3, True, 0.0)),
         ("quantize_mxfp8", "x", lambda: torch.ops.pyxfer.quantize_mxfp8(bad, True, False, E4M3)),
         ("quantize_nvfp4", "global_amax", lambda: torch.ops.pyxfer.quantize_nvfp4(x, bad, True, False)),
@@ -129,7 +130,8 @@ def test_native_ops_reject_quantized_and_sparse_tensors_before_the_dispatcher(ge
             schema = getattr(torch.ops.pyxfer, name).default._schema
             if any(isinstance(a.type, torch.TensorType) for a in schema.arguments):
                 with_tensors.add(name)
-                for key in ("QuantizedCPU", "QuantizedCUDA", "SparseCPU", "SparseCUDA", "NestedTensorCPU"):
+                for key in ("QuantizedCPU", "QuantizedCUDA", "SparseCPU", "SparseCUDA", "NestedTensorCPU",
+                            "AutogradNestedTensor"):
                     assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key), (qualified, key)
     assert covered == with_tensors, "a sample call above is missing for " + ", ".join(sorted(with_tensors - covered))
 

@@ -141,12 +141,22 @@ def _swap_first_dims(device, gen):
             (_values((2, 9), torch.bfloat16, gen, device),)]
 
 
+def _sm_copy(device, gen):
+    """Odd sizes, a storage offset, a byte count shared by two dtypes; pull and push (one device)."""
+    src = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=gen).to(device)
+    wide = torch.randint(-2**31, 2**31 - 1, (7, 5), dtype=torch.int32, generator=gen).to(device)
+    return [(src[3:], torch.full((4096,), 0xC3, dtype=torch.uint8, device=device), True),
+            (wide, torch.zeros(35, dtype=torch.float32, device=device).view(torch.int32), False),
+            (src[:0], torch.empty(0, dtype=torch.uint8, device=device), True)]
+
+
 SAMPLES = {
     "checksum": _checksum,
     "checksum_partial": _checksum_partial,
     "checksum_combine": _checksum_combine,
     "verified_copy": _verified_copy,
     "staged_copy": _staged_copy,
+    "sm_copy": _sm_copy,
     "quantize_fp8_block": _quantize_fp8_block,
     "dequantize_fp8_block": _dequantize_fp8_block,
     "quantize_mxfp8": _quantize_mxfp8,

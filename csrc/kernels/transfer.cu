@@ -1,9 +1,10 @@
 // Small kernels of the verified-transfer protocol: the deferred mismatch latch and the byte flips used
-// by fault injection.
+// by fault injection; and the plain SM copy that `pyxfer bench` times (pull and push).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "pyxfer/launch.h"
+#include "pyxfer/resident_blocks.h"
 
 namespace pyxfer {
 namespace {
@@ -37,6 +38,29 @@ __global__ void flip_if_equal_kernel(const uint64_t* a, uint64_t a_value, const 
 
 __global__ void xor_byte_kernel(uint8_t* byte, uint8_t mask) { *byte ^= mask; }
 
+constexpr int kCopyThreads = 512;
+constexpr int kCopyUnroll = 4;  // loads in flight per thread before its stores: peer reads are slow to return
+
+__global__ void __launch_bounds__(kCopyThreads)
+    sm_copy_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, uint64_t num_vectors) {
+  const uint64_t stride = uint64_t(gridDim.x) * kCopyThreads;
+  uint64_t i = uint64_t(blockIdx.x) * kCopyThreads + threadIdx.x;
+  for (; i + (kCopyUnroll - 1) * stride < num_vectors; i += kCopyUnroll * stride) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int k = 0; k < kCopyUnroll; ++k) v[k] = src[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < kCopyUnroll; ++k) dst[i + k * stride] = v[k];
+  }
+  for (; i < num_vectors; i += stride) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(kCopyThreads)
+    sm_copy_bytes_kernel(uint8_t* __restrict__ dst, const uint8_t* __restrict__ src, uint64_t num_bytes) {
+  const uint64_t stride = uint64_t(gridDim.x) * kCopyThreads;
+  for (uint64_t i = uint64_t(blockIdx.x) * kCopyThreads + threadIdx.x; i < num_bytes; i += stride) dst[i] = src[i];
+}
+
 }  // namespace
 
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
@@ -55,6 +79,25 @@ cudaError_t launch_flip_if_equal(const uint64_t* a, uint64_t a_value, const uint
 
 cudaError_t launch_xor_byte(uint8_t* byte, uint8_t mask, cudaStream_t stream) {
   xor_byte_kernel<<<1, 1, 0, stream>>>(byte, mask);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sm_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, cudaStream_t stream) {
+  if (num_bytes == 0) return cudaSuccess;
+  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const uint64_t vectors = aligned ? num_bytes / 16 : 0, tail = num_bytes - vectors * 16;
+  if (vectors > 0) {
+    uint64_t blocks = (vectors + kCopyThreads - 1) / kCopyThreads;
+    const uint64_t wave = max_resident_blocks<sm_copy_kernel, kCopyThreads>();
+    sm_copy_kernel<<<unsigned(blocks < wave ? blocks : wave), kCopyThreads, 0, stream>>>(
+        reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), vectors);
+  }
+  if (tail > 0) {  // the bytes after the last whole vector, or all of a misaligned copy
+    uint64_t blocks = (tail + kCopyThreads - 1) / kCopyThreads;
+    const uint64_t wave = max_resident_blocks<sm_copy_bytes_kernel, kCopyThreads>();
+    sm_copy_bytes_kernel<<<unsigned(blocks < wave ? blocks : wave), kCopyThreads, 0, stream>>>(
+        dst + vectors * 16, src + vectors * 16, tail);
+  }
   return cudaGetLastError();
 }
 }  // namespace pyxfer

@@ -43,6 +43,11 @@ struct CopyFault {
 cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
                               uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash, cudaStream_t stream);
 
+// Copies num_bytes from src to dst with SM loads and stores (16-byte vectors where both are 16-byte
+// aligned), a grid of one wave. Either pointer may be on a peer GPU with access enabled. Runs on the
+// current device.
+cudaError_t launch_sm_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, cudaStream_t stream);
+
 // Largest input of launch_pxh64_small: one block reads it in about a microsecond.
 constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
 
