@@ -349,6 +349,10 @@ def test_capture_across_two_gpus_keeps_its_temporaries(capture_on, gen):
     torch.cuda.synchronize(other)
     for _ in range(3):
         src.copy_(random_tensor(src.shape, torch.uint8, gen, device="cuda:0"))
+        # a replay runs on the capturing GPU's current stream: writes of the source queued on another
+        # GPU are ordered before it by the caller (capture_on=1 raced without this: the source hash and
+        # the copy read different bytes, and the replay latched a mismatch)
+        torch.cuda.synchronize(0)
         graph.replay()
         torch.cuda.synchronize(0)
         torch.cuda.synchronize(1)

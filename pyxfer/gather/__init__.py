@@ -155,11 +155,12 @@ def gather(x, group, rank, world, *, quantize_as=None, async_op=False, verify=Fa
     """The protocol of ``all_gather`` on ``group`` (this process is ``rank`` of ``world``), for any world
     size: all_gather takes a shortcut for one rank, this runs every step (for tests and benchmarks on
     a 1-rank group)."""
-    local = Local(x, quantize_as, verify, world, exchange=True)
-    device = local.device or _default_device(group)
+    local, agreed = Local(x, quantize_as, verify, world, exchange=True), _agreed(group)
+    # no usable input (it raises after the exchange): the device of the group's earlier calls
+    device = local.device or agreed.device or _default_device(group)
     with on_device(device):
         meta = local.record()
-        signature, agreed = rec.signature(meta), _agreed(group)
+        signature = rec.signature(meta)
         fast = agreed.fused() and signature == agreed.signature
         if fast:  # data and record in one collective; the records are checked after the data arrived
             try:
@@ -267,13 +268,13 @@ def _waiting_call(local, records, agreed, signature, group, rank, world, device,
     finally:
         records.release()
     if failure is None:
-        agreed.agree(signature, layout_of(plan.parts))
+        agreed.agree(signature, layout_of(plan.parts), device)
         return plan, plan.parts, status, launch(plan.parts + [status], group, world)
     # Release the failed attempt's buffers (its frames hold them), then post scratch and the status.
     traceback.clear_frames(failure.__traceback__)
     local.parts = local.q = plan = None
     layout = local.send_layout(world)
-    agreed.agree(signature, layout)  # the records agreed on every rank: the same state everywhere
+    agreed.agree(signature, layout, device)  # the records agreed on every rank: the same state everywhere
     parts = scratch_parts(layout, world, device)
     parts.append(status_part(step, None, len(layout) if verify and not local.hashes_in_record else 0,
                              world, device))

@@ -272,10 +272,10 @@ FUSE_AFTER = 2
 
 
 class Agreed:
-    __slots__ = ("signature", "layout", "streak", "_records", "_read_streams", "__weakref__")
+    __slots__ = ("signature", "layout", "streak", "device", "_records", "_read_streams", "__weakref__")
 
     def __init__(self):
-        self.signature = self.layout = None
+        self.signature = self.layout = self.device = None
         self.streak = 0  # agreed calls in a row with ``signature``
         self._records = {}  # device -> (record, its device copy)
         self._read_streams = {}  # device -> the stream that copies fused calls' records to the host
@@ -289,12 +289,13 @@ class Agreed:
     def fused(self) -> bool:
         return self.streak >= FUSE_AFTER
 
-    def agree(self, signature, layout):
+    def agree(self, signature, layout, device):
         """A call that read its records before its data gather agreed on ``signature`` and sends
-        ``layout`` (layouts.layout_of of its data parts)."""
+        ``layout`` (layouts.layout_of of its data parts) from ``device``: where a later call without
+        a usable input posts its scratch (an NCCL rank's collectives stay on one device)."""
         fusable = signature is not None and not rec.amax_from_records(signature)
         self.streak = 0 if not fusable else self.streak + 1 if signature == self.signature else 1
-        self.signature, self.layout = signature, layout
+        self.signature, self.layout, self.device = signature, layout, device
 
     def device_record(self, meta, device) -> torch.Tensor:
         """This rank's record as a tensor on ``device`` (CPU included) for a call of the agreed
