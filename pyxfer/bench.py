@@ -150,9 +150,9 @@ class _Point:
             if mode == "ce_bidir":
                 self.back_src = _buffer(dst, n, data=data_gpu)
                 self.back_out = _buffer(src, n, fill=0xC3)
-                # on the anchor GPU (the pair's GPU): for GPU -> pinned rows dst is host memory, and a
-                # stream on the destination's device would not exist
-                self.side = torch.cuda.Stream(device=self.anchor)
+                # Issued by the GPU the back copy leaves (as nvbandwidth does: each direction from its
+                # own GPU); for host rows that is the pair's one GPU.
+                self.side = torch.cuda.Stream(device=self.anchor if _is_host(dst) or _is_host(src) else _device(dst))
                 self.checks.append(lambda: (self.back_out, self.back_src))
             if mode == "ce_bidir":
                 self.fn = self._bidir
@@ -174,9 +174,11 @@ class _Point:
         self.out = out
 
     def _bidir(self, _):
-        self.out.copy_(self.data, non_blocking=True)
         anchor = torch.cuda.current_stream()
-        self.side.wait_stream(anchor)  # held with the anchor stream: both directions start together
+        # Held with the anchor stream (it waits before the forward copy is queued, so the directions
+        # overlap: run P waited after it and serialized them, measuring one-way bandwidth)
+        self.side.wait_stream(anchor)
+        self.out.copy_(self.data, non_blocking=True)
         with torch.cuda.stream(self.side):
             self.back_out.copy_(self.back_src, non_blocking=True)
         anchor.wait_stream(self.side)
@@ -460,8 +462,10 @@ def print_results(doc, out=None):
 
 
 def plot(doc, path):
-    """PNG heatmaps of every mode's GB/s and of the verified/ce and staged/ce ratios at the matrix size.
-    Raises RuntimeError when matplotlib is not installed."""
+    """PNG heatmaps of every mode's GB/s and of the verified/ce and staged/ce ratios at the matrix size,
+    on shared color scales (every GB/s panel 0 to the largest GB/s; the ratios 0 to 1 or above), so
+    that equal colors mean equal figures across panels. Raises RuntimeError when matplotlib is not
+    installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -473,18 +477,21 @@ def plot(doc, path):
     for mode in doc["config"]["modes"]:
         vals = {(r["src"], r["dst"]): r["gbps"] for r in doc["results"] if r["mode"] == mode and r["bytes"] == n}
         if any(v is not None for v in vals.values()):
-            panels.append((f"{mode} GB/s", vals, "{:.1f}"))
+            panels.append((f"{mode} GB/s", vals, "{:.1f}", "gbps"))
     for name in ("verified/ce", "staged/ce"):
         vals = {(r["src"], r["dst"]): r["value"] for r in doc["ratios"] if r["ratio"] == name}
         if vals:
-            panels.append((name, vals, "{:.2f}"))
+            panels.append((name, vals, "{:.2f}", "ratio"))
+    top = {"gbps": 0.0, "ratio": 1.0}
+    for _, vals, _, kind in panels:
+        top[kind] = max([top[kind]] + [v for v in vals.values() if v is not None])
     cols = min(3, max(1, len(panels)))
     nrows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.8 * nrows), squeeze=False)
-    for ax, (title, vals, fmt) in zip(axes.flat, panels):
+    for ax, (title, vals, fmt, kind) in zip(axes.flat, panels):
         srcs, dsts, cells = matrix(vals, rows)
         grid = [[float("nan") if v is None else v for v in row] for row in cells]
-        im = ax.imshow(grid, cmap="viridis")
+        im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=top[kind] or 1.0)
         ax.set_xticks(range(len(dsts)), dsts, rotation=45, ha="right")
         ax.set_yticks(range(len(srcs)), srcs)
         ax.set_xlabel("destination")
