@@ -352,8 +352,8 @@ def verify_cases():
 def delegated_cases():
     """What pyxfer does not implement goes to TE's own code: NVFP4 with RHT (whose TE kernel needs a
     GPU, so reaching it shows as TE's CUDA error, not a pyxfer result), and through handed_to_te each
-    TE-only quantizer option, a quantizer with no usage, a dtype pyxfer does not quantize, and a TE
-    tensor flagged with an encoding pyxfer does not decode."""
+    TE-only quantizer option, a quantizer with no usage, a dtype pyxfer does not quantize, and TE
+    tensors flagged with an encoding pyxfer does not decode."""
     def run(ctx):
         tq = NVFP4Quantizer(rowwise=True, columnwise=False, with_rht=True, with_post_rht_amax=True)
         x = torch.randn((16, 64), generator=ctx.gen()).bfloat16()
@@ -372,7 +372,8 @@ def delegated_cases():
         ("fp8block-scaling-dim-3", _hp_input(Float8BlockQuantizer, DType.kFloat8E4M3, block_scaling_dim=3)),
         ("no-usage", _hp_input(MXFP8Quantizer, DType.kFloat8E4M3, rowwise=False, columnwise=False)),
         ("float64-input", _hp_input(MXFP8Quantizer, DType.kFloat8E4M3, dtype=torch.float64)),
-        ("nvfp4-4over6-input", _nvfp4_4over6_input),
+        ("nvfp4-4over6-input", _nvfp4_flagged_input(nvfp4_use_4over6=True)),
+        ("nvfp4-row-scaled-input", _nvfp4_flagged_input(row_scaled_nvfp4=True)),
     )]
 
 
@@ -449,13 +450,15 @@ def _hp_input(cls, *args, dtype=torch.bfloat16, **options):
     return make
 
 
-def _nvfp4_4over6_input(ctx):
-    """A TE NVFP4 tensor flagged 4-over-6 (its scales mean something pyxfer does not decode), gathered
-    with a plain NVFP4 quantizer."""
-    full = full_tensor(ctx, (16, 64), torch.bfloat16, ctx.gen())
-    x = te_tensor(formats.quantize(shard_of(ctx, full), "nvfp4", global_amax=float(full.float().abs().max())),
-                  "nvfp4", False, nvfp4_use_4over6=True, nvfp4_e4m3_max=256)
-    return lambda: gather(x, ctx.group, quantizer=quantizer("nvfp4", True, False))
+def _nvfp4_flagged_input(**flags):
+    """A TE NVFP4 tensor with ``flags`` (an encoding whose scales pyxfer does not decode), gathered with
+    a plain NVFP4 quantizer."""
+    def make(ctx):
+        full = full_tensor(ctx, (16, 64), torch.bfloat16, ctx.gen())
+        x = te_tensor(formats.quantize(shard_of(ctx, full), "nvfp4", global_amax=float(full.float().abs().max())),
+                      "nvfp4", False, **flags)
+        return lambda: gather(x, ctx.group, quantizer=quantizer("nvfp4", True, False))
+    return make
 
 
 # ---- TE's own code: the defects the patch fixes -------------------------------------------------
