@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 
 import pytest
+import torch
 
 import pyxfer  # noqa: F401  (torch and pyxfer before TE: TE's core library needs torch's NCCL)
 from pyxfer.integrations import IntegrationError
@@ -183,6 +184,26 @@ def test_modules_bound_before_and_after_patch(ted, tmp_path, monkeypatch):
     finally:
         sys.modules.pop("pyxfer_te_early", None)
         sys.modules.pop("pyxfer_te_late", None)
+
+
+@needs_te
+def test_arguments_te_does_not_take_get_te_own_type_error(ted):
+    """A call gather_along_first_dim cannot bind goes to TE's function as it is: its own TypeError."""
+    original = ted.gather_along_first_dim
+    x = torch.ones(4, 3)
+    calls = [((x,), {}), ((x, None), {"group_size": 2}), ((x, None, False, None, None, False, "extra"), {}),
+             ((x, None), {"inp": x})]
+    want = []
+    for args, kwargs in calls:
+        with pytest.raises(TypeError) as e:
+            original(*args, **kwargs)
+        want.append(str(e.value))
+    assert want[0] == "gather_along_first_dim() missing 1 required positional argument: 'process_group'"
+    pyxfer_te.patch()
+    for (args, kwargs), message in zip(calls, want):
+        with pytest.raises(TypeError) as e:
+            ted.gather_along_first_dim(*args, **kwargs)
+        assert str(e.value) == message
 
 
 def _python(code):

@@ -9,6 +9,7 @@ seed shared by every rank; the expected result is pyxfer.quantize of the full te
 high-precision full tensor), computed in this process.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -84,8 +85,9 @@ def quantizer(fmt, row, col, *, internal=False, swizzled=False, amax_group=None)
     return q
 
 
-def te_tensor(q, fmt, internal):
-    """A pyxfer.formats tensor as a TE tensor built with TE's own constructors (shares buffers)."""
+def te_tensor(q, fmt, internal, **flags):
+    """A pyxfer.formats tensor as a TE tensor built with TE's own constructors (shares buffers);
+    ``flags``: more of the TE constructor's keyword arguments."""
     b = {name: getattr(q, name, None) for name in TE_BUFFERS}
     tq = quantizer(fmt, q.rowwise_usage, q.columnwise_usage, internal=internal)
     common = dict(rowwise_data=b["rowwise_data"], rowwise_scale_inv=b["rowwise_scale_inv"],
@@ -100,8 +102,8 @@ def te_tensor(q, fmt, internal):
                      fp4_dtype=DType.kFloat4E2M1, with_gemm_swizzled_scales=q.gemm_swizzled_scales)
     tensor_cls, storage_cls = STORAGE[fmt]
     if internal:
-        return storage_cls(**common, **extra, fake_dtype=q.dtype)
-    return tensor_cls(shape=tuple(q.shape), dtype=q.dtype, device=q.device, **common, **extra)
+        return storage_cls(**common, **extra, **flags, fake_dtype=q.dtype)
+    return tensor_cls(shape=tuple(q.shape), dtype=q.dtype, device=q.device, **common, **extra, **flags)
 
 
 def assert_te_equal(got, want, tq, what):
@@ -143,6 +145,7 @@ def finish(out, handle, async_op, what):
         assert handle is not None and callable(getattr(handle, "wait", None)), f"{what}: no async handle"
         handle.wait()
         handle.wait()  # a second wait is harmless, as with TE's handles
+        assert handle.is_completed() is True, f"{what}: the handle is not completed after wait()"
     else:
         assert handle is None, f"{what}: sync call returned a handle"
     return out
@@ -248,7 +251,26 @@ def nvfp4_cases():
             assert_te_equal(got, want, tq, "reduction group")
         return run
 
+    def same_ranks(async_op):
+        def run(ctx):
+            # amax reduced over another group object of the gather group's ranks: the gathered
+            # tensor's amax, which pyxfer's gather already has (no reduction of its own over that group).
+            full = full_tensor(ctx, (16, 64), torch.bfloat16, ctx.gen(), spread=True)
+            everyone = dist.new_group(list(range(ctx.world)))
+            tq = quantizer("nvfp4", True, True, amax_group=everyone)
+            reduced, original = [], dist.all_reduce
+            dist.all_reduce = lambda tensor, *a, **kw: reduced.append(kw.get("group")) or original(tensor, *a, **kw)
+            try:
+                got = finish(*gather(shard_of(ctx, full).clone(), ctx.group, async_op=async_op, quantizer=tq),
+                             async_op, "same ranks")
+            finally:
+                dist.all_reduce = original
+            assert not [g for g in reduced if g is everyone], "an amax reduction over the gather group's ranks"
+            assert_te_equal(got, formats.quantize(full, "nvfp4", rowwise=True, columnwise=True), tq, "same ranks")
+        return run
+
     out = [("nvfp4-shard-amax-differs", own_amax)]
+    out += [(f"nvfp4-amax-reduction-same-ranks-{'async' if a else 'sync'}", same_ranks(a)) for a in (False, True)]
     return out + [(f"nvfp4-amax-reduction-over-world-{'async' if a else 'sync'}", reduction_group(a))
                   for a in (False, True)]
 
@@ -273,8 +295,35 @@ def output_tensor_cases():
                 assert getattr(res, a) is t, f"{a} was re-bound, not filled in place"
             assert_te_equal(res, formats.quantize(full, fmt, rowwise=True, columnwise=True), tq, "output_tensor")
         return run
+    def mismatched(fmt, async_op):
+        """An output_tensor allocated for rowwise only, gathered with a rowwise + columnwise quantizer:
+        a ValueError naming the missing buffer, on every rank (sync: from the call; async: wait())."""
+        def run(ctx):
+            shape = QUANTIZABLE[fmt]
+            full = full_tensor(ctx, shape, torch.bfloat16, ctx.gen())
+            gathered = (shape[0] * ctx.world,) + tuple(shape[1:])
+            row_only = quantizer(fmt, True, False)
+            meta = row_only.create_metadata(gathered, dtype=torch.bfloat16)
+            target = meta["cls"].__tensor_unflatten__(row_only.alloc_tensors(gathered, device="cpu"), meta, gathered,
+                                                      None)
+            want = formats.quantize(full, fmt, rowwise=False, columnwise=True).columnwise_data
+            message = (f"pyxfer.integrations.transformer_engine: output_tensor._columnwise_data must be "
+                       f"{tuple(want.shape)} {want.dtype}, got None")
+            try:
+                res, handle = gather(shard_of(ctx, full).clone(), ctx.group, async_op=async_op,
+                                     quantizer=quantizer(fmt, True, True), output_tensor=target)
+                assert async_op and res is target, "a mismatched output_tensor was accepted"
+                handle.wait()
+            except ValueError as e:
+                assert str(e) == message, f"{e} != {message}"
+            else:
+                raise AssertionError("a mismatched output_tensor was filled without an error")
+        return run
+
     return [(f"output-tensor-{fmt}-{'async' if a else 'sync'}", case(fmt, a))
-            for fmt in ("mxfp8", "nvfp4") for a in (False, True)]
+            for fmt in ("mxfp8", "nvfp4") for a in (False, True)] + \
+        [(f"output-tensor-mismatched-{fmt}-{'async' if a else 'sync'}", mismatched(fmt, a))
+         for fmt in ("mxfp8", "nvfp4") for a in (False, True)]
 
 
 def verify_cases():
@@ -301,8 +350,10 @@ def verify_cases():
 
 
 def delegated_cases():
-    """What pyxfer does not implement goes to TE's own code (here: NVFP4 with RHT, whose TE kernel
-    needs a GPU, so reaching it shows as TE's CUDA error, not a pyxfer result)."""
+    """What pyxfer does not implement goes to TE's own code: NVFP4 with RHT (whose TE kernel needs a
+    GPU, so reaching it shows as TE's CUDA error, not a pyxfer result), and through handed_to_te each
+    TE-only quantizer option, a quantizer with no usage, a dtype pyxfer does not quantize, and TE
+    tensors flagged with an encoding pyxfer does not decode."""
     def run(ctx):
         tq = NVFP4Quantizer(rowwise=True, columnwise=False, with_rht=True, with_post_rht_amax=True)
         x = torch.randn((16, 64), generator=ctx.gen()).bfloat16()
@@ -312,7 +363,102 @@ def delegated_cases():
             assert "pyxfer" not in str(e), f"pyxfer handled an RHT quantizer: {e}"
         else:
             raise AssertionError("an RHT quantizer produced a result on a machine without a GPU")
-    return [("delegated-nvfp4-rht", run)]
+    return [("delegated-nvfp4-rht", run)] + [(f"delegated-{name}", handed_to_te(make)) for name, make in (
+        ("nvfp4-stochastic-rounding", _hp_input(NVFP4Quantizer, stochastic_rounding=True)),
+        ("nvfp4-2d", _hp_input(NVFP4Quantizer, with_2d_quantization=True)),
+        ("nvfp4-row-scaled", _hp_input(NVFP4Quantizer, row_scaled_nvfp4=True)),
+        ("nvfp4-4over6", _hp_input(NVFP4Quantizer, nvfp4_use_4over6=True)),
+        ("mxfp8-2d", _hp_input(MXFP8Quantizer, DType.kFloat8E4M3, with_2d_quantization=True)),
+        ("fp8block-scaling-dim-3", _hp_input(Float8BlockQuantizer, DType.kFloat8E4M3, block_scaling_dim=3)),
+        ("no-usage", _hp_input(MXFP8Quantizer, DType.kFloat8E4M3, rowwise=False, columnwise=False)),
+        ("float64-input", _hp_input(MXFP8Quantizer, DType.kFloat8E4M3, dtype=torch.float64)),
+        ("nvfp4-4over6-input", _nvfp4_flagged_input(nvfp4_use_4over6=True)),
+        ("nvfp4-row-scaled-input", _nvfp4_flagged_input(row_scaled_nvfp4=True)),
+    )]
+
+
+@contextlib.contextmanager
+def pyxfer_gathers():
+    """Within the block, the quantize_as of every pyxfer.all_gather the integration starts (each runs)."""
+    calls, original = [], pyxfer_te.all_gather
+
+    def record(*args, **kwargs):
+        calls.append(kwargs.get("quantize_as"))
+        return original(*args, **kwargs)
+
+    pyxfer_te.all_gather = record
+    try:
+        yield calls
+    finally:
+        pyxfer_te.all_gather = original
+
+
+def _outcome(call):
+    """What a gather call gives, as comparable values: the result's class, size and every buffer's
+    bytes (after wait() where there is a handle), or the exception's class and message."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out, handle = call()
+            if handle is not None:
+                handle.wait()
+    except Exception as e:
+        return ("raised", type(e).__name__, str(e))
+    if type(out) is torch.Tensor:
+        return ("tensor", out.dtype, tuple(out.shape), raw(out).numpy().tobytes())
+    buffers = {name: getattr(out, "_" + name, None) for name in TE_BUFFERS}
+    shape = tuple(out.size()) if buffers["rowwise_data"] is not None or buffers["columnwise_data"] is not None \
+        else None  # a TE tensor without data (no usage) has no size
+    return (type(out).__name__, shape, {name: raw(b).numpy().tobytes() for name, b in buffers.items() if b is not None})
+
+
+def handed_to_te(make_call):
+    """A call pyxfer does not implement (``make_call(ctx)`` gives it) goes to TE's own code unchanged:
+    patched, pyxfer.all_gather never runs and the outcome (result bytes, or the exception) is that of
+    unpatched TE on the same input; both through shims.unpatched_te_on_cpu, TE's CPU stand-ins."""
+    def run(ctx):
+        call = make_call(ctx)
+        # TE allocates its outputs with torch.empty (NVFP4 scale padding stays as it was): deterministic
+        # mode fills uninitialized memory, so both outcomes compare byte for byte.
+        saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            with shims.unpatched_te_on_cpu(), pyxfer_gathers() as calls:
+                patched = _outcome(call)
+            pyxfer_te.unpatch()
+            try:
+                with shims.unpatched_te_on_cpu():
+                    unpatched = _outcome(call)
+            finally:
+                pyxfer_te.patch()
+        finally:
+            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        assert calls == [], f"pyxfer gathered it: {calls}"
+        if patched[0] != "raised" and patched[:2] == unpatched[:2]:
+            differ = [name for name in TE_BUFFERS if patched[2].get(name) != unpatched[2].get(name)]
+            assert not differ, f"{patched[:2]}: buffers {differ} differ from TE's"
+        assert patched == unpatched, f"patched: {str(patched)[:300]}\nTE: {str(unpatched)[:300]}"
+    return run
+
+
+def _hp_input(cls, *args, dtype=torch.bfloat16, **options):
+    """A high-precision (16, 64) shard gathered with the quantizer ``cls(*args, **options)``."""
+    def make(ctx):
+        q = cls(*args, **{"rowwise": True, "columnwise": False, **options})
+        x = shard_of(ctx, full_tensor(ctx, (16, 64), dtype, ctx.gen()))
+        return lambda: gather(x, ctx.group, quantizer=q)
+    return make
+
+
+def _nvfp4_flagged_input(**flags):
+    """A TE NVFP4 tensor with ``flags`` (an encoding whose scales pyxfer does not decode), gathered with
+    a plain NVFP4 quantizer."""
+    def make(ctx):
+        full = full_tensor(ctx, (16, 64), torch.bfloat16, ctx.gen())
+        x = te_tensor(formats.quantize(shard_of(ctx, full), "nvfp4", global_amax=float(full.float().abs().max())),
+                      "nvfp4", False, **flags)
+        return lambda: gather(x, ctx.group, quantizer=quantizer("nvfp4", True, False))
+    return make
 
 
 # ---- TE's own code: the defects the patch fixes -------------------------------------------------
