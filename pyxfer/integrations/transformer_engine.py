@@ -217,6 +217,7 @@ def _fill(target, value):
     if isinstance(value, torch.Tensor) and not hasattr(value, "_rowwise_data"):
         target.copy_(value)
         return
+    pairs = []
     for attr in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv",
                  "_amax_rowwise", "_amax_columnwise"):
         src, dst = getattr(value, attr, None), getattr(target, attr, None)
@@ -226,6 +227,8 @@ def _fill(target, value):
             raise ValueError(f"pyxfer.integrations.transformer_engine: output_tensor.{attr} must be "
                              f"{tuple(src.shape)} {src.dtype}, got "
                              f"{None if dst is None else (tuple(dst.shape), dst.dtype)}")
+        pairs.append((dst, src))
+    for dst, src in pairs:  # every buffer checked first: a refused output_tensor is left untouched
         dst.copy_(src)
 
 

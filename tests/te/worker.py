@@ -306,6 +306,7 @@ def output_tensor_cases():
             meta = row_only.create_metadata(gathered, dtype=torch.bfloat16)
             target = meta["cls"].__tensor_unflatten__(row_only.alloc_tensors(gathered, device="cpu"), meta, gathered,
                                                       None)
+            sentinels = [t.view(torch.uint8).fill_(0x5A) for t in (target._rowwise_data, target._rowwise_scale_inv)]
             want = formats.quantize(full, fmt, rowwise=False, columnwise=True).columnwise_data
             message = (f"pyxfer.integrations.transformer_engine: output_tensor._columnwise_data must be "
                        f"{tuple(want.shape)} {want.dtype}, got None")
@@ -316,6 +317,7 @@ def output_tensor_cases():
                 handle.wait()
             except ValueError as e:
                 assert str(e) == message, f"{e} != {message}"
+                assert all(bool((t == 0x5A).all()) for t in sentinels), "a refused output_tensor was half filled"
             else:
                 raise AssertionError("a mismatched output_tensor was filled without an error")
         return run
