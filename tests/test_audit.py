@@ -148,8 +148,10 @@ class OpensAnAudit(torch.nn.Module):
 def test_an_audit_opened_inside_a_forward(gen):
     import contextlib
     x = torch.randn(3, generator=gen)
-    with contextlib.ExitStack() as stack:
+    with pyxfer.audit() as outer, contextlib.ExitStack() as stack:
         opener = OpensAnAudit(stack)
-        opener(x)                              # the module returns while the audit runs: nothing to pop
+        opener(x)  # returns while the inner audit runs, which never saw it start: nothing to pop there
         x.to("meta")
     assert opener.report.unverified_copies == {("(no module)", "cpu", "meta"): Tally(2, 24)}
+    assert outer.unverified_copies == {("OpensAnAudit", "cpu", "meta"): Tally(1, 12),
+                                       ("(no module)", "cpu", "meta"): Tally(1, 12)}

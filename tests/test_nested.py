@@ -40,6 +40,8 @@ def test_targets_that_are_not_cpu_or_cuda_go_through_to(gen):
     doubled = verified_send({"x": x}, torch.float64, include_cpu=True)["x"]  # .to(dtype), as send_to_device
     assert doubled.dtype == torch.float64 and torch.equal(doubled, x.double())
     assert verified_send((x,), None, include_cpu=True)[0] is x  # .to(None) is the tensor itself
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):  # as .to("cpu") raises
+        verified_send([x.to("meta")], "cpu", include_cpu=True)
     meta = verified_send(Pair(x, 2), "meta", include_cpu=True)
     assert type(meta) is Pair and meta.first.device.type == "meta" and meta.first.shape == (3, 4) and meta.second == 2
 
@@ -52,6 +54,8 @@ def test_settled_structures_come_back_themselves_without_rebuild(gen):
     assert send(settled) is settled
     kwargs = {"a": x, "b": [y], "c": cfg}
     assert send(kwargs) is kwargs
+    moved = sender("meta", rebuild=False)(settled)  # the same structure, to another device: rebuilt
+    assert moved is not settled and moved[0].device.type == "meta" and moved[1][1][0].device.type == "meta"
     # one element that must move (it has a .to) two levels down: only the containers on its way are new
     inner = [y, Moves("meta")]
     data = (x, inner, cfg)
