@@ -421,14 +421,16 @@ def test_cache_path_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache_path() == str(tmp_path / ".cache" / "pyxfer" / "doctor-verdicts.json")
     monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "env.json"))
-    assert cache_path() == str(tmp_path / "env.json") and cache_path(tmp_path / "arg.json") == str(tmp_path / "arg.json")
+    assert cache_path() == str(tmp_path / "env.json")
+    assert cache_path(tmp_path / "arg.json") == str(tmp_path / "arg.json")
 
 
 def test_cache_applies_only_bad_and_ok_verdicts_of_visible_devices(tmp_path):
     path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "slow"}], tmp_path / "v.json")
     doc = json.loads(open(path).read())
     unseen = "GPU-00000000-0000-0000-0000-00000000beef"  # a GPU the doctor saw and this process does not
-    doc["pairs"] += [{"src": "cpu", "dst": unseen, "verdict": "corrupt"}, {"src": unseen, "dst": "cpu", "verdict": "ok"}]
+    doc["pairs"] += [{"src": "cpu", "dst": unseen, "verdict": "corrupt"},
+                     {"src": unseen, "dst": "cpu", "verdict": "ok"}]
     open(path, "w").write(json.dumps(doc))
     assert pyxfer.health.load_doctor_verdicts(path) == {}  # slow: the data was right; the GPU pairs: not here
     assert pyxfer.health.status("cpu", "cpu") == "unknown"
