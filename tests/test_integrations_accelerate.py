@@ -246,9 +246,13 @@ class Net(torch.nn.Module):
         return self.last(self.boom(self.first(x), scale=torch.tensor(2.0)))
 
 
-def test_forward_raising_inside_a_block_leaves_nothing_behind(gen):
+def dispatched_net(gen):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    return dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+
+
+def test_forward_raising_inside_a_block_leaves_nothing_behind(gen):
+    net = dispatched_net(gen)
     x = torch.randn(4, 5, generator=gen)
     want = net(x)
     attachment = pxa.attach(net)
@@ -371,8 +375,7 @@ def test_deferred_attachment_checks_transfers_on_detach(gen):
 def test_attached_hooks_are_skipped_by_torch_compile(gen):
     """The hooks are torch.compiler.disable'd (graph breaks, like accelerate's): a compiled attached
     model gives the eager result."""
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    net = dispatched_net(gen)
     x = torch.randn(4, 5, generator=gen)
     want = net(x)
     torch._dynamo.reset()
@@ -402,11 +405,6 @@ def test_verified_leaf_keeps_strides_and_gradients(gen):
 
 
 # ---- attach: hooks accelerate composes, maps with parameter entries, failures half-way, errors in hooks
-
-def dispatched_net(gen):
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    return dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
-
 
 def test_align_hook_inside_a_sequential_hook(gen):
     from accelerate.hooks import AlignDevicesHook, ModelHook, SequentialHook, add_hook_to_module
@@ -451,9 +449,9 @@ def test_attach_failing_on_a_later_block_removes_the_earlier_ones(gen):
     assert net._hf_hook.io_same_device is True  # the root's flag, turned off by its block, is back
 
 
-def test_detach_after_the_model_is_gone():
+def test_detach_after_the_model_is_gone(gen):
     import gc
-    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    net = dispatched_net(gen)
     attachment = pxa.attach(net)
     del net
     gc.collect()
