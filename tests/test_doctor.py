@@ -376,7 +376,7 @@ def test_which_pairs_an_environment_fault_can_hit():
 
 def test_a_fault_for_any_pair_is_said_next_to_the_verdict(capsys, monkeypatch):
     monkeypatch.setenv("PYXFER_INJECT_FAULT", "zeros,times=1000")
-    code, doc = run_json(capsys, "--large", "1M")
+    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu")
     (pair,) = doc["pairs"]
     assert code == 1 and pair["verdict"] == "dropped" and pair["fault_from_env"]
     assert doc["injected_fault"]["src"] is None and doc["injected_fault"]["dst"] is None
@@ -384,7 +384,7 @@ def test_a_fault_for_any_pair_is_said_next_to_the_verdict(capsys, monkeypatch):
 
 def test_an_unwritable_cache_is_reported_not_fatal(capsys, tmp_path):
     (tmp_path / "file").write_text("a file where the cache's directory should be")
-    code, doc = run_json(capsys, "--large", "1M", "--cache", str(tmp_path / "file" / "v.json"))
+    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu", "--cache", str(tmp_path / "file" / "v.json"))
     assert code == 0 and [p["verdict"] for p in doc["pairs"]] == ["ok"]
     assert doc["cache"]["written"] is False and doc["cache"]["path"] is None
     assert doc["cache"]["note"].startswith("not written: [Errno ") and str(tmp_path / "file") in doc["cache"]["note"]
