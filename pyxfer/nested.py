@@ -135,8 +135,10 @@ def _send(obj, m: _Move):
             return obj
         return {k: v if k in skip else _send(v, m) for k, v in obj.items()}
     if t is tuple or t is list:
-        if _settled(obj, m.target):
-            return obj if not m.rebuild else t(obj)
+        if not m.rebuild and _settled(obj, m.target):
+            return obj
+        # NOTE: rebuilt at every level (send_to_device's new containers): t(obj) would return a tuple
+        # itself and share the inner lists with the input
         return t([_send(v, m) for v in obj])
     if isinstance(obj, torch.Tensor) or hasattr(obj, "to"):
         return _to(obj, m)  # tensor subclasses, BatchEncoding-like objects: their own .to

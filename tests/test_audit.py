@@ -99,3 +99,59 @@ def test_audit_rejects_non_modules():
     with pytest.raises(TypeError, match="pyxfer.audit: models must be torch.nn.Module, got int"):
         with pyxfer.audit(3):
             pass
+
+
+def test_copies_within_one_device_are_not_counted(gen):
+    x = torch.randn(6, 5, generator=gen)
+    buf = torch.empty(6, 5)
+    with pyxfer.audit() as report:
+        buf.copy_(x)                          # copy_ on the CPU
+        x.to(torch.float64)                   # _to_copy changing only the dtype
+        x.to("cpu", copy=True)                # an explicit copy in place
+        pyxfer.verified_copy(x, "cpu")        # pyxfer's copies count even within a device
+    assert report.unverified_copies == {} and report.num_unverified_copies == 0
+    assert report.pyxfer_copies == {("(no module)", "cpu", "cpu"): Tally(1, 120)}
+    # only pyxfer's table has rows: the other is left out of the text
+    assert str(report).splitlines() == [
+        "pyxfer audit: 0 copies between devices not made by pyxfer, 1 by pyxfer; 0 ops with CUDA tensors off the "
+        "current device",
+        "copies made by pyxfer (module: from -> to: count, bytes):",
+        "  (no module): cpu -> cpu: 1, 120"]
+
+
+def test_off_device_ops_in_the_text_and_data():
+    # what a GPU run fills (see test_audit_gpu.py), rendered the same way on any machine
+    report = AuditReport()
+    report.off_device_ops[("layers.1", "mm", "cuda:1", "cuda:0")] = 3
+    report.off_device_ops[("head", "add", "cuda:2", "cuda:0")] = 1
+    assert report.num_off_device_ops == 4
+    assert str(report).splitlines()[1:] == [
+        "ops off the current device (module: op: tensor device / current device: count):",
+        "  head: add: cuda:2 / cuda:0: 1", "  layers.1: mm: cuda:1 / cuda:0: 3"]
+    assert report.as_dict()["off_device_ops"][0] == dict(module="layers.1", op="mm", device="cuda:1",
+                                                         current="cuda:0", count=3)
+
+
+class OpensAnAudit(torch.nn.Module):
+    """Starts an audit inside its forward and leaves it open: the audit sees this module return
+    without having seen it start."""
+
+    def __init__(self, stack):
+        super().__init__()
+        self.stack = stack
+
+    def forward(self, x):
+        self.report = self.stack.enter_context(pyxfer.audit())
+        return x.to("meta")
+
+
+def test_an_audit_opened_inside_a_forward(gen):
+    import contextlib
+    x = torch.randn(3, generator=gen)
+    with pyxfer.audit() as outer, contextlib.ExitStack() as stack:
+        opener = OpensAnAudit(stack)
+        opener(x)  # returns while the inner audit runs, which never saw it start: nothing to pop there
+        x.to("meta")
+    assert opener.report.unverified_copies == {("(no module)", "cpu", "meta"): Tally(2, 24)}
+    assert outer.unverified_copies == {("OpensAnAudit", "cpu", "meta"): Tally(1, 12),
+                                       ("(no module)", "cpu", "meta"): Tally(1, 12)}

@@ -70,3 +70,33 @@ def test_on_device_of_checks_names_and_devices():
     with pytest.raises(ValueError, match=r"on_device_of\(.*launch\): the CUDA arguments span 2 devices "
                                          r"\(x on cuda:0, out on cuda:1\)"):
         launch(torch.device("cuda:0"), out=1)
+
+
+def fake_cuda(*shape, index):
+    """A FakeTensor on cuda:index: it has a CUDA device and no data, and needs no GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        return torch.empty(*shape, device=f"cuda:{index}")
+
+
+def test_the_device_of_cuda_tensors_and_modules_without_entering():
+    # .index is found at construction; CUDA is touched only when the block is entered
+    x = fake_cuda(3, index=1)
+    assert pyxfer.device_guard(x).index == 1 and pyxfer.device_guard(2).index == 2
+    assert pyxfer.device_guard([torch.ones(2), None], {"k": "cuda:3"}, "cpu").index == 3
+    assert pyxfer.device_guard(x, "cuda:1", [1, x]).index == 1  # one device, named several times
+    module = torch.nn.Linear(2, 2, device="meta")
+    module.register_buffer("scale", fake_cuda(2, index=2))
+    assert pyxfer.device_guard(module).index == 2
+    with pytest.raises(ValueError, match=r"span 2 devices \(argument 1 on cuda:1, argument 0\.scale on cuda:2\)"):
+        pyxfer.device_guard(module, x)
+
+
+def test_bare_on_device_of_picks_the_first_cuda_tensor():
+    from pyxfer.guard import _first_cuda_tensor
+    cpu, c0, c1, c2 = torch.ones(1), fake_cuda(1, index=0), fake_cuda(1, index=1), fake_cuda(1, index=2)
+    assert _first_cuda_tensor((cpu, [cpu, c1], c0), {}) == 1  # one level into lists, in argument order
+    assert _first_cuda_tensor((cpu, (c2,)), {"out": c0}) == 2
+    assert _first_cuda_tensor((cpu, 3, "cuda:1"), {"out": c0, "b": c1}) == 0  # only tensors count; then kwargs
+    assert _first_cuda_tensor(([[c1]], {"a": c1}), {}) is None  # not two levels deep, not in mappings
+    assert _first_cuda_tensor((), {}) is None

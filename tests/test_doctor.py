@@ -358,3 +358,91 @@ def test_a_check_that_raises_is_a_failed_check():
         raise RuntimeError("no such device")
     r = doctor.run_check("x", broken)
     assert (r["status"], r["detail"]) == ("FAIL", "RuntimeError: no such device")
+
+
+# ---- paths the runs above do not take: the fault's reach, an unwritable cache, a multi-GPU report
+
+def test_which_pairs_an_environment_fault_can_hit():
+    def hits(spec, src="cpu", dst="cpu"):
+        return doctor._fault_matches(parse_env_fault(spec), src, dst)
+
+    assert hits("zeros")  # no src / dst: any pair
+    assert hits("zeros,src=cpu,dst=cpu") and not hits("zeros,dst=cuda:1") and not hits("zeros,src=cuda:0")
+    assert hits("bitflip,dst=1", "cuda:0", "cuda:1") and not hits("bitflip,dst=1", "cuda:1", "cuda:0")  # an index
+    assert hits("zeros,dst=cuda", "cpu", "cuda")
+    assert hits("zeros,src=gpu7")  # not a device torch can name: it may still hit, so the verdict says so
+    assert not hits("zeros,path=gather")  # the gather path never touches a pair's copies
+
+
+def test_a_fault_for_any_pair_is_said_next_to_the_verdict(capsys, monkeypatch):
+    monkeypatch.setenv("PYXFER_INJECT_FAULT", "zeros,times=1000")
+    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu")
+    (pair,) = doc["pairs"]
+    assert code == 1 and pair["verdict"] == "dropped" and pair["fault_from_env"]
+    assert doc["injected_fault"]["src"] is None and doc["injected_fault"]["dst"] is None
+
+
+def test_an_unwritable_cache_is_reported_not_fatal(capsys, tmp_path):
+    (tmp_path / "file").write_text("a file where the cache's directory should be")
+    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu", "--cache", str(tmp_path / "file" / "v.json"))
+    assert code == 0 and [p["verdict"] for p in doc["pairs"]] == ["ok"]
+    assert doc["cache"]["written"] is False and doc["cache"]["path"] is None
+    assert doc["cache"]["note"].startswith("not written: [Errno ") and str(tmp_path / "file") in doc["cache"]["note"]
+
+
+def test_report_lists_gpus_and_the_peer_matrix():
+    import io
+    report = doctor.Report()
+    doctor.doctor(report, pairs=[])  # the facts and host self-checks, no probe
+    report.section("gpus", [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0a", "capability": "9.0", "memory_gib": 79.1,
+         "sms": 132},
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "uuid": None, "capability": "9.0", "memory_gib": 79.1,
+         "sms": 132}])
+    report.section("peer_access", [[None, True], [False, None]])
+    out = io.StringIO()
+    doctor.print_report(report, out)
+    lines = out.getvalue().splitlines()
+    assert "GPUs: none visible" not in lines
+    i = lines.index("  cuda:0  NVIDIA H100 80GB HBM3  sm_90  79.1 GiB  132 SMs  GPU-0a")
+    assert lines[i + 1] == "  cuda:1  NVIDIA H100 80GB HBM3  sm_90  79.1 GiB  132 SMs  "
+    assert lines[i + 2:i + 6] == ["peer access (row = source, column = destination):",
+                                  "             0     1", "       0     -   yes", "       1    no     -"]
+    assert lines[-1].startswith(f"{len(report.checks)} checks passed or skipped, 0 failed; 0 of 0 pairs ok  (")
+    assert not report.failed  # and no "verdict cache:" line: this report has no cache section
+
+
+def test_cache_path_defaults(monkeypatch, tmp_path):
+    from pyxfer._verdict_cache import cache_path
+    monkeypatch.delenv("PYXFER_DOCTOR_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path() == str(tmp_path / "xdg" / "pyxfer" / "doctor-verdicts.json")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_path() == str(tmp_path / ".cache" / "pyxfer" / "doctor-verdicts.json")
+    monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "env.json"))
+    assert cache_path() == str(tmp_path / "env.json")
+    assert cache_path(tmp_path / "arg.json") == str(tmp_path / "arg.json")
+
+
+def test_cache_applies_only_bad_and_ok_verdicts_of_visible_devices(tmp_path):
+    path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "slow"}], tmp_path / "v.json")
+    doc = json.loads(open(path).read())
+    unseen = "GPU-00000000-0000-0000-0000-00000000beef"  # a GPU the doctor saw and this process does not
+    doc["pairs"] += [{"src": "cpu", "dst": unseen, "verdict": "corrupt"},
+                     {"src": unseen, "dst": "cpu", "verdict": "ok"}]
+    open(path, "w").write(json.dumps(doc))
+    assert pyxfer.health.load_doctor_verdicts(path) == {}  # slow: the data was right; the GPU pairs: not here
+    assert pyxfer.health.status("cpu", "cpu") == "unknown"
+    doc["pairs"].append({"src": "cpu", "dst": "cpu", "verdict": "hung"})
+    open(path, "w").write(json.dumps(doc))
+    assert pyxfer.health.load_doctor_verdicts(path) == {("cpu", "cpu"): "hung"}
+    assert pyxfer.health.status("cpu", "cpu") == "corrupt"
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--slow-fraction"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "nan"])
+def test_options_that_must_be_positive(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        main(["doctor", option, value])
+    assert e.value.code == 2 and f"expected a positive number, got {value!r}" in capsys.readouterr().err

@@ -5,6 +5,7 @@ training through adapters. The cross-device cases run in test_integrations_gpu.p
 import collections
 import collections.abc
 import threading
+import warnings
 
 import pytest
 import torch
@@ -245,9 +246,13 @@ class Net(torch.nn.Module):
         return self.last(self.boom(self.first(x), scale=torch.tensor(2.0)))
 
 
-def test_forward_raising_inside_a_block_leaves_nothing_behind(gen):
+def dispatched_net(gen):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    return dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+
+
+def test_forward_raising_inside_a_block_leaves_nothing_behind(gen):
+    net = dispatched_net(gen)
     x = torch.randn(4, 5, generator=gen)
     want = net(x)
     attachment = pxa.attach(net)
@@ -370,8 +375,7 @@ def test_deferred_attachment_checks_transfers_on_detach(gen):
 def test_attached_hooks_are_skipped_by_torch_compile(gen):
     """The hooks are torch.compiler.disable'd (graph breaks, like accelerate's): a compiled attached
     model gives the eager result."""
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    net = dispatch_model(Net(), {"first": "cpu", "boom": "cpu", "last": "cpu"}, force_hooks=True)
+    net = dispatched_net(gen)
     x = torch.randn(4, 5, generator=gen)
     want = net(x)
     torch._dynamo.reset()
@@ -398,3 +402,130 @@ def test_verified_leaf_keeps_strides_and_gradients(gen):
     w = torch.randn(x.shape, generator=gen, dtype=torch.float64)
     (_verified(x, m) * w).sum().backward()
     assert torch.equal(x.grad, w)
+
+
+# ---- attach: hooks accelerate composes, maps with parameter entries, failures half-way, errors in hooks
+
+def test_align_hook_inside_a_sequential_hook(gen):
+    from accelerate.hooks import AlignDevicesHook, ModelHook, SequentialHook, add_hook_to_module
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    net = Net()
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    add_hook_to_module(net, ModelHook())
+    add_hook_to_module(net, AlignDevicesHook(execution_device="cpu", io_same_device=True), append=True)
+    assert isinstance(net._hf_hook, SequentialHook)
+    with pxa.attach(net) as attachment:
+        assert attachment.blocks == {"": torch.device("cpu")}
+        assert net._hf_hook.hooks[1].io_same_device is False  # found inside the SequentialHook
+        assert torch.equal(net(x), want)
+    assert net._hf_hook.hooks[1].io_same_device is True
+    other = Net()
+    add_hook_to_module(other, ModelHook())
+    add_hook_to_module(other, ModelHook(), append=True)
+    with pytest.raises(ValueError, match="Net has no accelerate AlignDevicesHook on its root"):
+        pxa.attach(other)  # a SequentialHook without one
+
+
+def test_an_integer_execution_device_is_a_cuda_index(gen):
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+    net = Net()
+    add_hook_to_module(net, AlignDevicesHook(execution_device=1, io_same_device=True))
+    before = hook_state(net)
+    with pxa.attach(net) as attachment:  # attaching touches no device
+        assert attachment.blocks == {"": torch.device("cuda", 1)}
+        assert repr(attachment) == ("Attachment((root): cuda:1; verify='sync', guard=True, include_cpu=False, "
+                                    "route=None)")
+    assert hook_state(net) == before
+
+
+def test_attach_failing_on_a_later_block_removes_the_earlier_ones(gen):
+    net = dispatched_net(gen)
+    net.last._hf_hook.skip_keys = 3  # not a key or a list of keys: the third block's senders reject it
+    before = hook_state(net)
+    with pytest.raises(TypeError, match="skip_keys must be a key, a list of keys or None, got int"):
+        pxa.attach(net)
+    assert not pxa.is_attached(net) and hook_state(net) == before
+    assert net._hf_hook.io_same_device is True  # the root's flag, turned off by its block, is back
+
+
+def test_detach_after_the_model_is_gone(gen):
+    import gc
+    net = dispatched_net(gen)
+    attachment = pxa.attach(net)
+    del net
+    gc.collect()
+    assert not attachment.attached
+    attachment.detach()  # nothing left to detach: no error
+    with attachment:
+        pass
+
+
+def test_errors_in_hooks_before_the_forward_leave_nothing_behind(gen):
+    net = dispatched_net(gen)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    attachment = pxa.attach(net)
+
+    def refuse(module, args):
+        if module is net:
+            raise RuntimeError("a global pre-hook refused")
+
+    # a global pre-hook runs before the root's own: the root's forward hook (always called) finds
+    # nothing to pop
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(refuse)
+    try:
+        # torch silences an always-called hook's own exception into a warning: there must be none
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="pre-hook refused"):
+            warnings.simplefilter("always")
+            net(x)
+    finally:
+        handle.remove()
+    assert [str(w.message) for w in caught] == []
+    assert all(b.stack() == [] for b in attachment._blocks)
+    assert torch.equal(net(x), want)
+
+    class Unmovable:
+        def to(self, device, non_blocking=False):
+            raise RuntimeError("cannot move this")
+
+    # the root's own pre-hook fails while moving an input: its entry is popped without leaving a guard
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="cannot move this"):
+        warnings.simplefilter("always")
+        net(Unmovable())
+    assert [str(w.message) for w in caught] == []
+    assert all(b.stack() == [] for b in attachment._blocks)
+    assert torch.equal(net(x), want)
+    pxa.detach(net)
+
+
+class Gained(torch.nn.Module):
+    """Passes a Parameter of its own to a block (a tensor subclass: moved through its own .to)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(5, 6)
+        self.boom = Boom()
+        self.gain = torch.nn.Parameter(torch.tensor(3.0))
+
+    def forward(self, x):
+        return self.boom(self.first(x), scale=self.gain)
+
+
+@pytest.mark.filterwarnings("ignore:The following device_map keys do not match any submodules")
+def test_a_parameter_passed_to_a_block_keeps_its_gradient(gen):
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    ref = Gained()
+    net = Gained()
+    net.load_state_dict(ref.state_dict())
+    # "gain" is a parameter of the root: a device_map entry that is not a module (as accelerate's
+    # infer_auto_device_map writes them), which attach skips
+    net = dispatch_model(net, {"first": "cpu", "boom": "cpu", "gain": "cpu"}, force_hooks=True)
+    x = torch.randn(4, 5, generator=gen)
+    ref(x).square().sum().backward()
+    with pxa.attach(net, guard=False, include_cpu=True) as attachment:
+        assert list(attachment.blocks) == ["", "first", "boom"]
+        out = net(x)
+        out.square().sum().backward()
+    assert torch.equal(out, ref(x)) and torch.equal(net.gain.grad, ref.gain.grad)
+    assert torch.equal(net.first.weight.grad, ref.first.weight.grad)
