@@ -357,7 +357,8 @@ def _method_check(rows, results, n, warmup, reps):
     """bench's ce figure over torch's copy_ timed plainly (see the module docstring)."""
     out = []
     for src, dst in rows:
-        if "pageable" in (src, dst) or (not _is_host(src) and not _is_host(dst) and src != dst):
+        host_gpu, gpu_local = _is_host(src) != _is_host(dst), not _is_host(src) and src == dst
+        if "pageable" in (src, dst) or not (host_gpu or gpu_local):  # GPU pairs, cpu -> cpu: not checked
             continue
         mine = next((r for r in results if (r["src"], r["dst"], r["mode"], r["bytes"]) == (src, dst, "ce", n)), None)
         if mine is None or mine["gbps"] is None:

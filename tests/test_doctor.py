@@ -30,7 +30,11 @@ def isolated(monkeypatch, tmp_path):
 
 
 def run_doctor(capsys, *args):
-    """(exit code, stdout) of `pyxfer doctor ARGS` run through the CLI's entry point."""
+    """(exit code, stdout) of `pyxfer doctor ARGS` run through the CLI's entry point. Where GPUs are
+    visible the probes stay on the pair a CPU-only machine has (cpu -> cpu) unless ARGS name pairs:
+    these tests are about the doctor's logic; its GPU pairs are tests/test_doctor_gpu.py's."""
+    if torch.cuda.is_available() and "--pairs" not in args:
+        args = (*args, "--pairs", "cpu->cpu")
     code = main(["doctor", *args])
     return code, capsys.readouterr().out
 
@@ -218,7 +222,8 @@ def test_pair_selection():
 
 
 def test_bad_pairs_option_exits_2(capsys):
-    assert main(["doctor", "--pairs", "cpu->cuda:0"]) == 2
+    missing = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"  # one past the last GPU
+    assert main(["doctor", "--pairs", f"cpu->{missing}"]) == 2
     assert "--pairs: expected SRC->DST" in capsys.readouterr().err
 
 
