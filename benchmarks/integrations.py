@@ -9,7 +9,9 @@ ids to cuda:0 and the logits back to the CPU (io_same_device), across the host l
 
 Variants, each its own dispatched copy of the same weights (attached once, for the whole run):
 - unattached: accelerate's hooks alone (the baseline);
-- guard only: attach(include_cpu=False): pyxfer's hooks and guards, host <-> device moves left to .to;
+- guard only: attach(include_cpu=False): pyxfer's hooks and guards, host <-> device moves left to .to
+  (on the cuda:0/cuda:1 split the moves between the GPUs are still verified copies, sync: include_cpu
+  concerns host moves only);
 - deferred / sync: attach(verify=..., include_cpu=True): the host <-> device moves are verified copies.
 
 Method: --rounds rounds (fewer when --budget-s runs out first, at least --min-rounds). In each round
