@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 import warnings
 
 import torch
@@ -231,6 +232,15 @@ def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S, seed=Non
     wanted = case_names(world) if only is None else [c for c in case_names(world) if c in set(only)]
     if seed is None:
         seed = int(os.environ.get("PYXFER_GATHER_SEED") or int.from_bytes(os.urandom(4), "little"))
+    return seed, spawn_cases(os.path.join(HERE, "gather_worker.py"), world, wanted, seed, timeout,
+                             ("--backend", backend, *extra))
+
+
+def spawn_cases(script, world, wanted, seed, timeout, extra=()):
+    """Run ``script`` once per rank of a ``world``-process group (``--rank --world --init --out --seed
+    --cases``, then ``extra``), each running the cases named in ``wanted`` (run_cases); returns {case:
+    [None or error text per rank]}. A rank that died or hung is blamed on the first case it did not
+    finish (with its output's tail), the cases after it marked as not reached."""
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/init"
         with open(os.path.join(tmp, "cases.json"), "w") as f:
@@ -240,9 +250,9 @@ def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S, seed=Non
         path = [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
                "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "gather_worker.py"), "--rank", str(r),
-                                   "--world", str(world), "--init", init, "--out", tmp, "--seed", str(seed),
-                                   "--backend", backend, "--cases", os.path.join(tmp, "cases.json"), *extra],
+        procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--world", str(world), "--init", init,
+                                   "--out", tmp, "--seed", str(seed), "--cases", os.path.join(tmp, "cases.json"),
+                                   *extra],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                  for r in range(world)]
         outputs = []
@@ -266,6 +276,26 @@ def run_group(world, backend="gloo", extra=(), timeout=SPAWN_TIMEOUT_S, seed=Non
                 results.setdefault(missing[0], [None] * world)[r] = f"rank {r} did not finish (seed {seed}):\n{tail}"
                 for c in missing[1:]:
                     results.setdefault(c, [None] * world)[r] = f"rank {r} did not get to this case"
-        return seed, results
+        return results
+
+
+def run_cases(ctx, todo, out, wanted_file, limit=None):
+    """The worker side of spawn_cases: run the cases of ``todo`` named in ``wanted_file`` (a JSON list;
+    None: all) in registry order (``ctx.case_index`` keeps its registry index, so a case draws the same
+    inputs whatever else runs), appending one JSON line per case ({"case", "ok", "error"}) to
+    ``out``/rank<R>.jsonl so that a hang is localised. ``limit``: traceback frames kept."""
+    wanted = None if wanted_file is None else set(json.load(open(wanted_file)))
+    with open(os.path.join(out, f"rank{ctx.rank}.jsonl"), "w") as log:
+        for index, (name, fn) in enumerate(todo):
+            ctx.case_index = index
+            if wanted is not None and name not in wanted:
+                continue
+            try:
+                fn(ctx)
+                record = {"case": name, "ok": True, "error": None}
+            except Exception:
+                record = {"case": name, "ok": False, "error": traceback.format_exc(limit=limit)}
+            log.write(json.dumps(record) + "\n")
+            log.flush()
 
 

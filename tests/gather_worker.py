@@ -1,23 +1,20 @@
 """One rank of a pyxfer.all_gather test group (tests/gather_harness.py spawns one per rank): runs
 the cases listed in ``--cases`` (a JSON list of names; every case of ``cases(world)`` without it) in
-registry order and appends one JSON line per case ({"case", "ok", "error"}) to its output file, so a
-hang is localised.
+registry order and appends one JSON line per case to its output file (gather_harness.run_cases).
 
     python gather_worker.py --rank R --world W --init file:///... --out DIR --seed S
         [--backend gloo|nccl] [--swap-devices] [--cases FILE]
 """
 import argparse
 import datetime
-import json
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gather_harness import Ctx, cases  # noqa: E402
+from gather_harness import Ctx, cases, run_cases  # noqa: E402
 
 # ---- main -------------------------------------------------------------------------------------
 
@@ -44,20 +41,7 @@ def main():
     ctx = Ctx(a.rank, a.world, device, a.seed)
     ctx.singletons = [dist.new_group([r]) for r in range(a.world)]
     ctx.pair = dist.new_group([0, 1]) if a.world > 2 else None
-    todo = cases(a.world)
-    wanted = None if a.cases is None else set(json.load(open(a.cases)))
-    with open(os.path.join(a.out, f"rank{a.rank}.jsonl"), "w") as log:
-        for index, (name, fn) in enumerate(todo):
-            ctx.case_index = index
-            if wanted is not None and name not in wanted:
-                continue
-            try:
-                fn(ctx)
-                record = {"case": name, "ok": True}
-            except Exception:
-                record = {"case": name, "ok": False, "error": traceback.format_exc(limit=6)}
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+    run_cases(ctx, cases(a.world), a.out, a.cases, limit=6)
     if a.backend == "nccl":
         torch.cuda.synchronize(device)
     dist.destroy_process_group()

@@ -15,11 +15,9 @@ extension built from its sdist): ``bash scripts/te_env.sh`` makes ``.venv-te``, 
   double patch, a raising context, a module imported after patch()), and TE missing.
 """
 import importlib
-import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
@@ -32,6 +30,7 @@ from pyxfer.integrations import transformer_engine as pyxfer_te
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "te"))
 import shims  # noqa: E402  (from tests/te, put on sys.path above)
+from gather_harness import spawn_cases  # noqa: E402
 
 TE_OK, TE_WHY = shims.te_available()
 needs_te = pytest.mark.skipif(
@@ -52,33 +51,7 @@ def run_group(world, seed=None):
     """Spawn ``world`` TE workers; returns (seed, {case: [None or error text per rank]})."""
     if seed is None:
         seed = int(os.environ.get("PYXFER_TE_SEED") or int.from_bytes(os.urandom(4), "little"))
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "te", "worker.py"), "--rank", str(r),
-                                   "--world", str(world), "--init", f"file://{tmp}/init", "--out", tmp,
-                                   "--seed", str(seed)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-                 for r in range(world)]
-        outputs = []
-        for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=SPAWN_TIMEOUT_S)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                outputs.append(p.communicate()[0] + f"\n(killed after {SPAWN_TIMEOUT_S} s)")
-        results = {}
-        for r in range(world):
-            path = os.path.join(tmp, f"rank{r}.jsonl")
-            records = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-            for rec in records:
-                results.setdefault(rec["case"], [None] * world)[r] = rec["error"]
-            done = {rec["case"] for rec in records}
-            missing = [c for c in _case_names(world) if c not in done]
-            if missing:  # died or hung: blame the first case it did not finish
-                results.setdefault(missing[0], [None] * world)[r] = \
-                    f"rank {r} did not finish (seed {seed}):\n{outputs[r][-3000:]}"
-        return seed, results
+    return seed, spawn_cases(os.path.join(HERE, "te", "worker.py"), world, _case_names(world), seed, SPAWN_TIMEOUT_S)
 
 
 _groups = {}

@@ -1,8 +1,9 @@
-"""One rank of a Transformer Engine gather test group (gloo, CPU): runs every case of
-``cases(world)`` and appends one JSON line per case ({"case", "ok", "error"}) to its output file.
+"""One rank of a Transformer Engine gather test group (gloo, CPU): runs the cases of ``cases(world)``
+named in ``--cases`` (all without it) and appends one JSON line per case to its output file
+(gather_harness.run_cases).
 
-Spawned by tests/test_integrations_te.py:
-    python tests/te/worker.py --rank R --world W --init file:///... --out DIR --seed S
+Spawned by tests/test_integrations_te.py (gather_harness.spawn_cases):
+    python tests/te/worker.py --rank R --world W --init file:///... --out DIR --seed S [--cases FILE]
 Every case calls TE's real ``gather_along_first_dim`` through the binding TE's modules use
 (``transformer_engine.pytorch.module.linear.gather_along_first_dim``). Inputs come from a per-case
 seed shared by every rank; the expected result is pyxfer.quantize of the full tensor (or the
@@ -11,10 +12,8 @@ high-precision full tensor), computed in this process.
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import sys
-import traceback
 import warnings
 
 import torch
@@ -28,7 +27,7 @@ from pyxfer import formats  # noqa: E402
 from pyxfer.integrations import transformer_engine as pyxfer_te  # noqa: E402
 
 import shims  # noqa: E402
-from gather_harness import Ctx, full_tensor, noncontig, qt_noncontig, raw, shard_of  # noqa: E402
+from gather_harness import Ctx, full_tensor, noncontig, qt_noncontig, raw, run_cases, shard_of  # noqa: E402
 
 shims.install_cpu_device()
 import transformer_engine.pytorch.module.linear as te_linear  # noqa: E402
@@ -591,7 +590,7 @@ def main():
     p.add_argument("--init", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--only", default=None, help="run only cases whose name contains this")
+    p.add_argument("--cases", default=None, help="a JSON file listing the names of the cases to run")
     a = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
@@ -600,18 +599,7 @@ def main():
     ctx.pair = dist.new_group([0, 1]) if a.world > 2 else None
     report = pyxfer_te.patch()
     assert any(b.owner is te_linear for b in report.bindings), "module.linear's binding was not patched"
-    with open(os.path.join(a.out, f"rank{a.rank}.jsonl"), "w") as log:
-        for index, (name, fn) in enumerate(cases(a.world)):
-            ctx.case_index = index
-            if a.only and a.only not in name:
-                continue
-            try:
-                fn(ctx)
-                rec = {"case": name, "ok": True, "error": None}
-            except Exception:
-                rec = {"case": name, "ok": False, "error": traceback.format_exc()}
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
+    run_cases(ctx, cases(a.world), a.out, a.cases)
     dist.destroy_process_group()
 
 
