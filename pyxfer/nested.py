@@ -8,6 +8,8 @@ import collections.abc
 
 import torch
 
+from ._checks import check_bool
+from ._devices import as_device
 from .transfer import ROUTES, VERIFY_MODES, verified_copy
 
 __all__ = ["verified_send", "sender"]
@@ -52,8 +54,8 @@ def _target(device):
             return None
     else:
         return None
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())  # what Tensor.to("cuda") means
+    if d.type == "cuda":  # 'cuda' is the current device (what Tensor.to("cuda") means); a missing one is a ValueError
+        d = as_device("pyxfer.nested.verified_send", "device", d)
     return d if d.type in ("cpu", "cuda") else None
 
 
@@ -79,6 +81,7 @@ def _verified(t: torch.Tensor, m: _Move) -> torch.Tensor:
 
 
 def _to(obj, m: _Move):
+    m.target  # noqa: B018 (resolved first: a CUDA device that does not exist is pyxfer's ValueError, not .to's error)
     try:
         return obj.to(m.device, non_blocking=m.non_blocking)
     except TypeError:  # a .to() without non_blocking (as accelerate retries)
@@ -164,7 +167,20 @@ def _check_options(op, verify, route, skip_keys) -> frozenset:
         return frozenset()
     if not isinstance(skip_keys, (list, tuple, set, frozenset)):
         raise TypeError(f"{op}: skip_keys must be a key, a list of keys or None, got {type(skip_keys).__name__}")
-    return frozenset(skip_keys)
+    try:
+        return frozenset(skip_keys)
+    except TypeError:  # a key that no mapping can hold (a list): named, not "unhashable type"
+        bad = next(k for k in skip_keys if not _hashable(k))
+        raise TypeError(f"{op}: skip_keys must be a key, a list of keys or None; its element {bad!r} "
+                        f"({type(bad).__name__}) cannot be a mapping key") from None
+
+
+def _hashable(key) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def verified_send(data, device, *, non_blocking: bool = False, skip_keys=None, verify: str = "sync",
@@ -190,18 +206,23 @@ def verified_send(data, device, *, non_blocking: bool = False, skip_keys=None, v
     ``route``: see verified_copy. Mutates nothing; returns new containers.
 
     Raises pyxfer.TransferError when a copy arrived wrong on both paths; ValueError for a bad
-    ``verify`` / ``route`` or a CUDA device that does not exist; TypeError for bad ``skip_keys``.
+    ``verify`` / ``route`` or a CUDA device that does not exist; TypeError for bad ``skip_keys`` or a
+    ``non_blocking`` / ``include_cpu`` that is not a bool. Options are checked before anything moves.
     """
     return sender(device, non_blocking=non_blocking, skip_keys=skip_keys, verify=verify, route=route,
                   include_cpu=include_cpu)(data)
 
 
 def sender(device, *, non_blocking: bool = False, skip_keys=None, verify: str = "sync", route=None,
-           include_cpu: bool = False, rebuild: bool = True):
+           include_cpu: bool = False, rebuild: bool = True, op: str = "pyxfer.nested.verified_send"):
     """``verified_send`` with its options checked once: returns ``send(data)`` (for hooks that move
     the inputs of every call to the same device). ``rebuild=False``: a tuple, list or mapping whose
     elements all came back as they were is returned itself instead of a rebuilt copy (for callers
-    that rebuild anyway, like accelerate's hooks after pyxfer's; saves the allocations)."""
-    keys = _check_options("pyxfer.nested.verified_send", verify, route, skip_keys)
-    m = _Move(device, non_blocking, keys, verify, route, bool(include_cpu), bool(rebuild))
+    that rebuild anyway, like accelerate's hooks after pyxfer's; saves the allocations). ``op``: the
+    function that bad options are reported against (the caller's public entry point). Raises like
+    verified_send."""
+    keys = _check_options(op, verify, route, skip_keys)
+    for name, value in (("non_blocking", non_blocking), ("include_cpu", include_cpu), ("rebuild", rebuild)):
+        check_bool(op, name, value)
+    m = _Move(device, non_blocking, keys, verify, route, include_cpu, rebuild)
     return lambda data: _send(data, m)

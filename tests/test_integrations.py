@@ -224,12 +224,27 @@ def test_patched_send_to_device_runs_a_dispatched_model_identically(gen):
     assert torch.equal(got, want) and not pxa.is_send_to_device_patched()
 
 
-def test_patch_send_to_device_rejects_bad_options():
-    with pytest.raises(ValueError, match="verify must be one of"):
+def test_patch_send_to_device_rejects_bad_options(gen):
+    op = "pyxfer.integrations.accelerate.patch_send_to_device"
+    with pytest.raises(ValueError, match=f"{op}: verify must be one of"):
         pxa.patch_send_to_device(verify="later")
-    with pytest.raises(ValueError, match="route must be one of"):
+    with pytest.raises(ValueError, match=f"{op}: route must be one of"):
         pxa.patch_send_to_device(route="carrier-pigeon")
+    for value in ("no", None, 0):  # a string where a bool is: TypeError, not truthiness
+        with pytest.raises(TypeError, match=f"{op}: include_cpu must be a bool, got {type(value).__name__} {value!r}"):
+            pxa.patch_send_to_device(include_cpu=value)
+        with pytest.raises(TypeError, match="send_to_device_patched: include_cpu must be a bool, got"):
+            pxa.send_to_device_patched(include_cpu=value)
     assert not pxa.is_send_to_device_patched()
+    pxa.patch_send_to_device()
+    try:
+        with pytest.raises(TypeError, match=f"{op}: include_cpu must be a bool"):  # checked before "already patched"
+            pxa.patch_send_to_device(include_cpu="no")
+        # what accelerate's callers pass to the replacement is reported against it
+        with pytest.raises(TypeError, match=r"hooks.send_to_device \(patched by pyxfer\): skip_keys must be"):
+            accelerate.hooks.send_to_device({"a": torch.randn(2, generator=gen)}, "cpu", skip_keys=3)
+    finally:
+        pxa.unpatch_send_to_device()
 
 
 def test_pyxfer_exports():

@@ -4,6 +4,7 @@ with a device_map), bit-identical logits and generate() tokens, exceptions, re-e
 training through adapters. The cross-device cases run in test_integrations_gpu.py."""
 import collections
 import collections.abc
+import copy
 import threading
 import warnings
 
@@ -13,6 +14,7 @@ import torch
 import pyxfer
 from pyxfer.integrations import accelerate as pxa
 from pyxfer.nested import verified_send
+from pyxfer.testing import inject_fault
 
 accelerate = pytest.importorskip("accelerate", reason="the integration tests need accelerate (pip install '.[test]')")
 transformers = pytest.importorskip("transformers",
@@ -153,12 +155,15 @@ def test_attach_detach_round_trip_restores_the_model(gen):
     before = hook_state(model)
     align_hooks = {n: m._hf_hook for n, m in model.named_modules() if hasattr(m, "_hf_hook")}
     attachment = pxa.attach(model)
+    attached_state = hook_state(model)
     assert pxa.is_attached(model) and attachment.attached
     assert list(attachment.blocks) == [""] + block_names()
     assert all(d == torch.device("cpu") for d in attachment.blocks.values())
     assert hook_state(model) != before
     assert model._hf_hook.io_same_device is False  # the root's outputs go back through pyxfer
-    assert pxa.attach(model) is attachment  # same options: the same attachment
+    again = pxa.attach(model)  # same options: a handle on the same attachment, nothing added
+    assert again.attached and again.blocks == attachment.blocks and again.options == attachment.options
+    assert hook_state(model) == attached_state
     with pytest.raises(ValueError, match="already attached with"):
         pxa.attach(model, verify="deferred")
     pxa.detach(model)
@@ -228,10 +233,11 @@ class Boom(torch.nn.Module):
         super().__init__()
         self.linear = torch.nn.Linear(6, 6)
         self.fail = False
+        self.error = RuntimeError  # what it raises when it fails
 
     def forward(self, x, scale=None):
         if self.fail:
-            raise RuntimeError("boom inside the block")
+            raise self.error("boom inside the block")
         return self.linear(x) * (1 if scale is None else scale)
 
 
@@ -272,9 +278,12 @@ class Recursive(torch.nn.Module):
         super().__init__()
         self.linear = torch.nn.Linear(4, 4)
         self.depths = []
+        self.interrupt = None  # raised at depth 0 when set
 
     def forward(self, x, depth):
         self.depths.append(depth)
+        if depth == 0 and self.interrupt is not None:
+            raise self.interrupt("at depth 0")
         return x if depth == 0 else self.linear(self(x, depth - 1))
 
 
@@ -443,7 +452,8 @@ def test_attach_failing_on_a_later_block_removes_the_earlier_ones(gen):
     net = dispatched_net(gen)
     net.last._hf_hook.skip_keys = 3  # not a key or a list of keys: the third block's senders reject it
     before = hook_state(net)
-    with pytest.raises(TypeError, match="skip_keys must be a key, a list of keys or None, got int"):
+    with pytest.raises(TypeError, match=r"accelerate.attach \(the AlignDevicesHook of block 'last'\): "
+                                        r"skip_keys must be a key, a list of keys or None, got int"):
         pxa.attach(net)
     assert not pxa.is_attached(net) and hook_state(net) == before
     assert net._hf_hook.io_same_device is True  # the root's flag, turned off by its block, is back
@@ -529,3 +539,200 @@ def test_a_parameter_passed_to_a_block_keeps_its_gradient(gen):
         out.square().sum().backward()
     assert torch.equal(out, ref(x)) and torch.equal(net.gain.grad, ref.gain.grad)
     assert torch.equal(net.first.weight.grad, ref.first.weight.grad)
+
+
+# ---- attach: nesting and stale handles, copies, bool options, messages, interrupts, deferred checks at detach
+
+def test_nested_with_attach_blocks_leave_the_model_attached(gen):
+    net = dispatched_net(gen)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    before = hook_state(net)
+    with pxa.attach(net) as outer:
+        attached = hook_state(net)
+        with pxa.attach(net) as inner:
+            assert inner.attached and outer.attached and hook_state(net) == attached
+        # the inner block attached nothing, so its exit detaches nothing
+        assert pxa.is_attached(net) and outer.attached and inner.attached and hook_state(net) == attached
+        assert net._hf_hook.io_same_device is False and torch.equal(net(x), want)
+    assert not pxa.is_attached(net) and hook_state(net) == before
+    plain = pxa.attach(net)  # a plain attach, then a with block inside it: the same
+    attached = hook_state(net)
+    with pxa.attach(net) as nested:
+        pass
+    assert plain.attached and nested.attached and hook_state(net) == attached
+    inner.detach()  # a handle on an earlier attachment: stale, does nothing
+    assert plain.attached
+    nested.detach()  # an explicit detach() through any handle on the active attachment detaches
+    assert not plain.attached and hook_state(net) == before
+
+
+@pytest.mark.parametrize("options", [{}, {"include_cpu": True}], ids=["same options", "other options"])
+def test_a_stale_handle_leaves_a_newer_attachment_alone(options, gen):
+    net = dispatched_net(gen)
+    before = hook_state(net)
+    old = pxa.attach(net)
+    old.detach()
+    new = pxa.attach(net, **options)
+    attached = hook_state(net)
+    assert not old.attached and new.attached
+    old.detach()
+    with old:
+        pass
+    assert new.attached and pxa.is_attached(net) and hook_state(net) == attached
+    with pxa.attach(net, **options):  # a stale outer handle's exit, with a newer attachment active
+        with old:
+            pass
+        assert new.attached
+    assert new.attached  # the nested block attached nothing
+    pxa.detach(net)  # the model's detach removes the active attachment, whichever handle made it
+    assert not new.attached and hook_state(net) == before
+
+
+def hook_layout(model):
+    """Per module: hook ids per hook dict, whether forward is an instance attribute bound to the
+    module itself (accelerate's partial), __deepcopy__ in the instance, accelerate's hook fields:
+    hook_state without object identities, to compare a copy with its original."""
+    layout = {}
+    for name, m in model.named_modules():
+        forward = m.__dict__.get("forward")
+        hooks = getattr(m, "_hf_hook", None)
+        layout[name] = (
+            list(m._forward_pre_hooks), list(m._forward_hooks), sorted(m._forward_pre_hooks_with_kwargs),
+            sorted(m._forward_hooks_with_kwargs), sorted(m._forward_hooks_always_called),
+            None if forward is None else (type(forward).__name__, getattr(forward, "args", (None,))[0] is m),
+            "__deepcopy__" in m.__dict__,
+            [(type(h).__name__, str(getattr(h, "execution_device", None)), getattr(h, "io_same_device", None))
+             for h in getattr(hooks, "hooks", (hooks,))],
+        )
+    return layout
+
+
+def test_deepcopy_of_an_attached_model_is_a_clean_detached_copy(gen):
+    ref, model = dispatched_llama(gen)
+    ids = input_ids(gen)
+    before, layout = hook_state(model), hook_layout(model)
+    assert layout[""][5] == ("partial", True)  # accelerate's forward, bound to the module
+    with torch.no_grad():
+        want = ref(ids).logits
+        with pxa.attach(model, include_cpu=True) as attachment:
+            twin = copy.deepcopy(model)
+            layer = copy.deepcopy(model.model.layers[1])  # a block alone
+            assert model._hf_hook.io_same_device is False and attachment.attached
+            assert hook_layout(model) != layout
+            # the copies carry accelerate's hooks and forward (bound to themselves), none of pyxfer's
+            assert not pxa.is_attached(twin) and hook_layout(twin) == layout
+            assert hook_layout(layer) == {k[len("model.layers.1."):] if k != "model.layers.1" else "": v
+                                          for k, v in layout.items() if k.startswith("model.layers.1")}
+            assert torch.equal(twin(ids).logits, want) and torch.equal(model(ids).logits, want)
+            with pxa.attach(twin) as twin_attachment:  # a clean copy attaches and detaches on its own
+                assert twin_attachment.attached and attachment.attached and torch.equal(twin(ids).logits, want)
+            assert hook_layout(twin) == layout and attachment.attached
+    assert hook_state(model) == before
+
+
+def test_bool_options_must_be_bools(gen):
+    net = dispatched_net(gen)
+    before = hook_state(net)
+    for name, value in (("include_cpu", "no"), ("guard", None), ("guard", 1), ("include_cpu", "False")):
+        with pytest.raises(TypeError, match=f"pyxfer.integrations.accelerate.attach: {name} must be a bool, "
+                                            f"got {type(value).__name__} {value!r}"):
+            pxa.attach(net, **{name: value})
+        assert not pxa.is_attached(net) and hook_state(net) == before
+
+
+def test_attach_errors_name_attach_and_the_argument(gen):
+    net = dispatched_net(gen)
+    before = hook_state(net)
+    with pytest.raises(ValueError, match=r"pyxfer.integrations.accelerate.attach: route must be one of "
+                                         r"\('auto', 'direct', 'staged'\) or None, got 'scenic'"):
+        pxa.attach(net, route="scenic")
+    net.hf_device_map = ["first", "boom"]
+    with pytest.raises(TypeError, match=r"attach: model.hf_device_map must be a mapping \{block name: device\} or "
+                                        r"None, got list"):
+        pxa.attach(net)
+    assert not pxa.is_attached(net) and hook_state(net) == before
+    net.hf_device_map = None  # no map: the root alone
+    with pxa.attach(net) as attachment:
+        assert attachment.blocks == {"": torch.device("cpu")}
+    for function in (pxa.detach, pxa.is_attached):
+        with pytest.raises(TypeError, match=f"pyxfer.integrations.accelerate.{function.__name__}: model must be a "
+                                            f"torch.nn.Module, got str"):
+            function("x")
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_inside_an_attached_forward_leaves_nothing_behind(error, gen):
+    """torch runs always-called forward hooks for an Exception only: a KeyboardInterrupt (Ctrl-C in
+    generate()) must still pop each call's entry (and, on a GPU, leave its device guard)."""
+    net = dispatched_net(gen)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    attachment = pxa.attach(net)
+    net.boom.fail, net.boom.error = True, error
+    with pytest.raises(error, match="boom inside the block"):
+        net(x)
+    assert all(b.stack() == [] for b in attachment._blocks)
+    net.boom.fail = False
+    assert torch.equal(net(x), want) and all(b.stack() == [] for b in attachment._blocks)
+    # interrupted several levels deep in a re-entrant block: every level pops its own entry
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    model = dispatch_model(Recursive(), {"": "cpu"}, force_hooks=True)
+    y = torch.randn(3, 4, generator=gen)
+    want = model(y, 4)
+    with pxa.attach(model) as deep:
+        model.interrupt = error
+        with pytest.raises(error):
+            model(y, 4)
+        assert deep._blocks[0].stack() == [] and model.depths[-1] == 0
+        model.interrupt = None
+        assert torch.equal(model(y, 4), want) and deep._blocks[0].stack() == []
+    pxa.detach(net)
+    # detach put accelerate's forward back (the wrapper is gone)
+    assert net.__dict__["forward"].args[0] is net and model.__dict__["forward"].args[0] is model
+
+
+def test_the_root_moves_outputs_back_without_a_guard(gen):
+    """The root's outputs go back to the inputs' device through pyxfer's forward hook while
+    accelerate's own io_same_device is off: with guard=False (and a CPU root, which has no guard)
+    the root must still carry that hook. (That the logits do come back across devices needs a GPU:
+    test_integrations_accelerate_gpu.py.)"""
+    net = dispatched_net(gen)
+    x = torch.randn(4, 5, generator=gen)
+    want = net(x)
+    before = set(net._forward_hooks)
+    for guard in (False, True):
+        with pxa.attach(net, guard=guard):
+            added = set(net._forward_hooks) - before
+            assert len(added) == 1 and added <= set(net._forward_hooks_always_called), guard
+            assert net._hf_hook.io_same_device is False and torch.equal(net(x), want)
+        assert set(net._forward_hooks) == before and net._hf_hook.io_same_device is True
+
+
+def test_deferred_attachment_raises_a_pending_failed_copy_at_detach(gen):
+    """detach() and the with block's exit check the deferred copies (check_transfers). On the CPU the
+    hooks copy nothing (every block and input is on the CPU, and a tensor already on its target is
+    returned as it is), so the pending copy is a deferred verified_copy made while attached."""
+    net = dispatched_net(gen)
+    x = torch.randn(4, 5, generator=gen)
+    before = hook_state(net)
+    pyxfer.check_transfers()  # nothing pending
+    try:
+        for leave in ("detach", "with", "model"):
+            attachment = pxa.attach(net, verify="deferred", include_cpu=True)
+            with inject_fault("bitflip", src="cpu", dst="cpu") as fault:
+                pyxfer.verified_copy(net(x), "cpu", route="direct", verify="deferred")
+            assert fault.used == 1
+            with pytest.raises(pyxfer.TransferError, match="1 deferred verified copy failed verification; "
+                                                           "the first: copy cpu -> cpu"):
+                if leave == "detach":
+                    attachment.detach()
+                elif leave == "model":
+                    pxa.detach(net)
+                else:
+                    with attachment:
+                        pass
+            assert not pxa.is_attached(net) and hook_state(net) == before, leave  # detached first
+            pyxfer.check_transfers()  # reported once
+    finally:
+        pyxfer.health.reset()

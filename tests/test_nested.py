@@ -29,7 +29,7 @@ class Config:
 def test_a_cuda_index_is_a_device_checked_before_any_copy(gen):
     x = torch.randn(5, generator=gen)
     missing = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(ValueError, match=f"pyxfer.verified_copy: device is cuda:{missing}, which does not exist"):
+    with pytest.raises(ValueError, match=f"verified_send: device is cuda:{missing}, which does not exist"):
         verified_send({"a": [x]}, missing, include_cpu=True)
 
 
@@ -80,3 +80,20 @@ def test_containers_and_subclasses_are_never_taken_as_settled(unsettled):
     data = [unsettled]
     got = sender("cpu", rebuild=False)(data)
     assert got is not data and type(got[0]) is type(unsettled)
+
+
+def test_options_are_checked_and_named_before_anything_moves(gen):
+    x = torch.randn(3, 5, generator=gen)
+    for name, value in (("include_cpu", "no"), ("include_cpu", None), ("non_blocking", "yes"), ("non_blocking", 1)):
+        with pytest.raises(TypeError, match=f"pyxfer.nested.verified_send: {name} must be a bool, "
+                                            f"got {type(value).__name__} {value!r}"):
+            verified_send({"a": x}, "meta", **{name: value})
+    with pytest.raises(TypeError, match=r"pyxfer.nested.verified_send: skip_keys must be a key, a list of keys or "
+                                        r"None; its element \['a'\] \(list\) cannot be a mapping key"):
+        verified_send({"a": x}, "meta", skip_keys=["b", ["a"]])
+    # sender: the same checks, reported against the caller's entry point
+    with pytest.raises(TypeError, match="my.entry: rebuild must be a bool, got str 'no'"):
+        sender("cpu", rebuild="no", op="my.entry")
+    with pytest.raises(ValueError, match="my.entry: route must be one of"):
+        sender("cpu", route="scenic", op="my.entry")
+    assert verified_send({"a": x}, "cpu", skip_keys=("a", ("t", 1)))["a"] is x  # any hashable keys
