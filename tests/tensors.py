@@ -41,3 +41,25 @@ def layouts(dtype, gen, device="cpu"):
 def logical_bytes(t: torch.Tensor) -> bytes:
     """The tensor's contiguous row-major bytes, as the spec defines what PXH64 hashes."""
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+class _NoData(torch.Tensor):
+    """A tensor with a shape and a device but no data, like FakeTensor without FakeTensor's CUDA
+    context set-up (which fails where the device does not exist, on a machine with fewer GPUs)."""
+
+    @staticmethod
+    def __new__(cls, shape, device):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"{func}: a tensors.cuda_tensor has no data")
+
+    def __repr__(self):
+        return f"cuda_tensor({tuple(self.shape)}, {self.device})"
+
+
+def cuda_tensor(*shape, index):
+    """A float32 tensor on cuda:index with no data, on any machine (a CPU-only one included): for code
+    that reads only devices."""
+    return _NoData(shape, torch.device("cuda", index))

@@ -6,11 +6,14 @@ that poisons the CUDA context, and @triton.jit needs its source in a real file.
 Two GPUs: with the current device 0 and the data on cuda:1, the raw-pointer launch goes wrong
 without the guard and is correct with it (TE #3124's class of bug). How it goes wrong depends on the
 machine: an illegal memory access, or (two H100s of one host, driver 580, run P) no error at all and a
-destination never written. Peer access is never enabled in these children.
+destination never written. Peer access is never enabled in these children. One guard object nested
+in itself or shared by two threads restores each level's and each thread's device; devices that do
+not exist are pyxfer's ValueError.
 """
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,91 @@ def test_guard_switches_and_restores_across_devices(gen):
     with pytest.raises(ValueError, match="span 2 devices"):
         pyxfer.device_guard(x1, torch.zeros(1, device="cuda:0"))
     assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
+def test_devices_that_do_not_exist_are_value_errors_and_cuda_is_the_current_one(gen):
+    n = torch.cuda.device_count()
+    x = torch.randn(3, generator=gen).to("cuda:0")
+    for args in [(f"cuda:{n}",), (x, torch.device("cuda", n)), (n,), ({"out": [f"cuda:{n}"]},)]:
+        with pytest.raises(ValueError, match=f"pyxfer.device_guard: argument .* is cuda:{n}, which does not exist"):
+            pyxfer.device_guard(*args)
+    assert torch.cuda.current_device() == 0
+    with pyxfer.device_guard("cuda", {"x": x, "block": 1024, "shape": x.shape}) as d:  # ints inside: no devices
+        assert d == torch.device("cuda:0")
+
+
+@pytest.mark.gpu
+def test_one_guard_nested_in_itself_on_one_gpu(gen):
+    x = torch.randn(3, generator=gen).to("cuda:0")
+    g = pyxfer.device_guard(x)
+    with g, g:
+        assert torch.cuda.current_device() == 0
+    with pytest.raises(KeyError):
+        with g:
+            with g:
+                raise KeyError("inside")
+    assert torch.cuda.current_device() == 0 and not g._saved
+
+
+@pytest.mark.multigpu
+def test_one_guard_nested_in_itself_restores_each_level(gen):
+    x1 = torch.randn(5, generator=gen).to("cuda:1")
+    for args in ((1,), ({"x": x1, "block": 0},)):  # a top-level int is a CUDA index; one inside a structure is not
+        g = pyxfer.device_guard(*args)
+        with g as d:
+            assert d == torch.device("cuda:1") and torch.cuda.current_device() == 1
+            with g:
+                assert torch.empty(1, device="cuda").device == x1.device
+            assert torch.cuda.current_device() == 1
+            with pyxfer.device_guard(torch.device("cuda:0")):
+                with g:
+                    assert torch.cuda.current_device() == 1
+                assert torch.cuda.current_device() == 0
+            assert torch.cuda.current_device() == 1
+        assert torch.cuda.current_device() == 0
+        assert torch.empty(1, device="cuda").device == torch.device("cuda:0")
+        with pytest.raises(KeyError):
+            with g:
+                with g:
+                    raise KeyError("inside")
+        assert torch.cuda.current_device() == 0 and not g._saved
+
+
+@pytest.mark.multigpu
+def test_one_guard_shared_by_threads_restores_each_threads_device(gen):
+    x0 = torch.randn(5, generator=gen).to("cuda:0")
+    torch.zeros(1, device="cuda:1")  # a context on both devices (what restoring to one needs)
+    g = pyxfer.device_guard(x0)
+    steps = [threading.Event() for _ in range(3)]
+    seen = {}
+
+    def worker(name, start, wait_before_enter, set_after_enter, wait_before_exit, set_after_exit):
+        try:
+            torch.cuda.set_device(start)
+            if wait_before_enter is not None:
+                assert steps[wait_before_enter].wait(60)
+            with g:
+                seen[name, "inside"] = torch.cuda.current_device()
+                steps[set_after_enter].set()
+                if wait_before_exit is not None:
+                    assert steps[wait_before_exit].wait(60)
+            seen[name, "after"] = torch.cuda.current_device()
+            seen[name, "lands on"] = torch.empty(1, device="cuda").device.index
+            if set_after_exit is not None:
+                steps[set_after_exit].set()
+        except BaseException as e:  # reported by the main thread
+            seen[name, "error"] = e
+            for s in steps:
+                s.set()
+
+    # A enters (from cuda:1), then B enters (from cuda:0), then A leaves, then B leaves.
+    a = threading.Thread(target=worker, args=("A", 1, None, 0, 1, 2))
+    b = threading.Thread(target=worker, args=("B", 0, 0, 1, 2, None))
+    a.start()
+    b.start()
+    a.join(120)
+    b.join(120)
+    assert seen == {("A", "inside"): 0, ("B", "inside"): 0, ("A", "after"): 1, ("A", "lands on"): 1,
+                    ("B", "after"): 0, ("B", "lands on"): 0}
+    assert not g._saved and torch.cuda.current_device() == 0
