@@ -5,7 +5,7 @@ import platform
 
 import torch
 
-__all__ = ["driver_version", "gpus", "peer_matrix", "machine_info"]
+__all__ = ["driver_version", "gpus", "peer_matrix", "memory_bytes", "machine_info"]
 
 
 def driver_version():
@@ -39,6 +39,14 @@ def peer_matrix(n):
     """n x n: [i][j] is whether cuda:i can access cuda:j's memory (None on the diagonal)."""
     return [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)]
             for i in range(n)]
+
+
+def memory_bytes(device) -> int:
+    """Total memory of ``device`` in bytes: the host's physical memory for "cpu", the GPU's for a CUDA device."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 def machine_info():

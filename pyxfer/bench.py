@@ -45,18 +45,26 @@ copy kernel pushing; --compare reads version 1 documents too, their "sm" points 
   method_check [{src, dst, bytes, bench_gbps, torch_gbps, ratio}],
   corrupt [{src, dst, mode, bytes, detail}],
   compare: null | {old, threshold, slower [{src, dst, mode, bytes, old_gbps, new_gbps, ratio}]}
-Exit code 1 when a destination was wrong or --compare flagged a slowdown.
+Exit code 1 when a destination was wrong or --compare flagged a slowdown; 2 for a bad option (every
+option, the --compare document and the outputs' paths are checked before anything is measured) or
+for an output that could not be written after the run (the run is then saved in a new file of the
+temporary directory, and the message says where).
 """
+import contextlib
 import datetime
 import json
+import math
+import os
 import sys
+import tempfile
 import time
 
 import torch
 
 from ._timing import Samples, cpu_samples, cuda_samples, fmt_gbps, fmt_size
 
-__all__ = ["MODES", "PRESETS", "SCHEMA", "SCHEMA_VERSION", "run", "validate", "compare"]
+__all__ = ["MODES", "PRESETS", "SCHEMA", "SCHEMA_VERSION", "run", "validate", "compare", "parse_rows", "parse_modes",
+           "plan_points"]
 
 SCHEMA, SCHEMA_VERSION = "pyxfer.bench", 2
 _OLD_MODES = {1: ("ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred")}  # what --compare reads
@@ -94,7 +102,7 @@ def default_rows(num_gpus):
 
 def parse_rows(spec, num_gpus):
     """Rows from "SRC->DST,..." (endpoints: pinned, pageable, cuda:N; cpu without GPUs).
-    Raises ValueError naming the bad row."""
+    Raises ValueError naming the bad or repeated row."""
     names = ["cpu"] if num_gpus == 0 else ["pinned", "pageable"] + [f"cuda:{i}" for i in range(num_gpus)]
     rows = []
     for item in spec.split(","):
@@ -102,8 +110,23 @@ def parse_rows(spec, num_gpus):
         if not sep or a not in names or b not in names or (num_gpus and _is_host(a) and _is_host(b)):
             raise ValueError(f"--pairs: expected SRC->DST[,...] with endpoints from {names} (not host -> host "
                              f"where GPUs are visible), got {item!r}")
+        if (a, b) in rows:
+            raise ValueError(f"--pairs: expected each row once, got {a}->{b} twice in {spec!r}")
         rows.append((a, b))
     return rows
+
+
+def parse_modes(spec):
+    """Modes from "M,M,..." (names from MODES, each once). Raises ValueError naming the bad one."""
+    names = [m.strip() for m in spec.split(",")]
+    if "" in names:
+        raise ValueError(f"--modes: expected names from {','.join(MODES)} separated by commas, got an empty name "
+                         f"in {spec!r}")
+    if bad := [m for m in names if m not in MODES]:
+        raise ValueError(f"--modes: expected names from {','.join(MODES)}, got {','.join(bad)}")
+    if twice := sorted({m for m in names if names.count(m) > 1}):
+        raise ValueError(f"--modes: expected each mode once, got {','.join(twice)} twice in {spec!r}")
+    return names
 
 
 def modes_of(src, dst, peer):
@@ -119,6 +142,19 @@ def modes_of(src, dst, peer):
     if gpu_pair and (src == dst or peer):
         modes.append("sm_push")
     return modes + ["staged", "verified", "verified_deferred"]
+
+
+def _peer(src, dst):
+    """Whether the GPU of ``src`` can access the memory of ``dst`` (GPU rows; False for host rows)."""
+    if _is_host(src) or _is_host(dst):
+        return False
+    return src == dst or torch.cuda.can_device_access_peer(_device(src).index, _device(dst).index)
+
+
+def plan_points(rows, modes):
+    """(src, dst, mode) of every point a run of ``rows`` and ``modes`` measures at each size: the
+    modes each row supports (modes_of), in row order."""
+    return [(s, d, m) for s, d in rows for m in modes_of(s, d, _peer(s, d)) if m in modes]
 
 
 def _buffer(ep, n, fill=None, data=None):
@@ -287,27 +323,29 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gen_device = "cuda:0" if gpus else "cpu"
-    plan = [(s, d, m) for s, d in rows for m in modes_of(s, d, gpus and not _is_host(s) and not _is_host(d)
-                                                         and (s == d or torch.cuda.can_device_access_peer(
-                                                             _device(s).index, _device(d).index)))
-            if m in modes]
+    plan = plan_points(rows, modes)
     devices = ["cpu"] + [f"cuda:{i}" for i in range(gpus)]
     bar = _Progress(len(plan) * len(sizes) + len(rows) + len(devices) * len(sizes), progress)
     results, latency, sums, method = [], [], [], []
     for n in sizes:
-        data = _gpu_data(n, gen_device)
+        try:
+            data, failed = _gpu_data(n, gen_device), ""
+        except RuntimeError as e:  # out of memory: each point of this size is reported failed, the run goes on
+            data, failed = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            _reset_after_error()
         for src, dst, mode in plan:
             entry = {"src": src, "dst": dst, "mode": mode, "bytes": n, "gbps": None, "median_ms": None,
                      "min_ms": None, "max_ms": None, "reps": 0, "loop": _loop(n), "held": False,
-                     "check": "error", "detail": ""}
+                     "check": "error", "detail": failed}
             point = None  # set once its buffers exist: a setup that raises is reported like a failing call
             try:
-                point = _Point(src, dst, mode, n, data)
-                s = point.measure(_loop(n), warmup, reps)
-                _sync_all()
-                entry.update(gbps=round(s.gbps(point.moved), 3), median_ms=s.median_ms, min_ms=s.min_ms,
-                             max_ms=s.max_ms, reps=s.reps, held=s.held)
-                entry["check"], entry["detail"] = point.check()
+                if not failed:
+                    point = _Point(src, dst, mode, n, data)
+                    s = point.measure(_loop(n), warmup, reps)
+                    _sync_all()
+                    entry.update(gbps=round(s.gbps(point.moved), 3), median_ms=s.median_ms, min_ms=s.min_ms,
+                                 max_ms=s.max_ms, reps=s.reps, held=s.held)
+                    entry["check"], entry["detail"] = point.check()
             except Exception as e:  # noqa: BLE001  (a failing pair is reported; the bench carries on)
                 entry["detail"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                 _reset_after_error()
@@ -315,13 +353,19 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
             bar.step(f"{src}->{dst} {mode} {fmt_size(n)}")
             point = None  # frees its buffers before the next point's
         for dev in devices:
-            x = data.to(dev)
-            if dev == "cpu":
-                s = cpu_samples(checksum_tensor, x, warmup=warmup, reps=reps, inner=_loop(n))
-            else:
-                s = cuda_samples(checksum_tensor, [x] * _loop(n), warmup=warmup, reps=reps, device=dev, hold=True)
-            sums.append({"device": dev, "bytes": n, "gbps": round(s.gbps(n), 3), "median_ms": s.median_ms,
-                         "min_ms": s.min_ms, "max_ms": s.max_ms})
+            try:
+                if not failed:  # (no data of this size: no checksum figure either)
+                    x = data.to(dev)
+                    if dev == "cpu":
+                        s = cpu_samples(checksum_tensor, x, warmup=warmup, reps=reps, inner=_loop(n))
+                    else:
+                        s = cuda_samples(checksum_tensor, [x] * _loop(n), warmup=warmup, reps=reps, device=dev,
+                                         hold=True)
+                    sums.append({"device": dev, "bytes": n, "gbps": round(s.gbps(n), 3), "median_ms": s.median_ms,
+                                 "min_ms": s.min_ms, "max_ms": s.max_ms})
+            except torch.OutOfMemoryError:  # this GPU is full: no checksum figure at this size, the run goes on
+                _reset_after_error()
+            x = None
             bar.step(f"checksum {dev} {fmt_size(n)}")
         del data
     small = _gpu_data(LATENCY_BYTES, gen_device)
@@ -512,9 +556,23 @@ def plot(doc, path):
     plt.close(fig)
 
 
+def _is_rate(v):
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf)
+
+
+def _is_result(r, modes):
+    """Whether ``r`` is a result whose fields compare() can trust (a typed field that compares nothing
+    would hide a slowdown)."""
+    return (isinstance(r, dict) and {"src", "dst", "mode", "bytes", "gbps", "check"} <= set(r)
+            and isinstance(r["src"], str) and isinstance(r["dst"], str) and r["mode"] in modes
+            and isinstance(r["bytes"], int) and not isinstance(r["bytes"], bool) and r["bytes"] >= 1
+            and _is_rate(r["gbps"]) and r["check"] in ("ok", "corrupt", "error"))
+
+
 def validate(doc, *, older=False):
     """Raise ValueError unless ``doc`` is a pyxfer.bench document of this schema version (``older``:
-    or of an earlier one --compare can read)."""
+    or of an earlier one --compare can read), its results typed as the schema says (src, dst and mode
+    strings, bytes an integer >= 1, gbps a positive number or null)."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
     version = doc.get("schema_version")
@@ -526,10 +584,13 @@ def validate(doc, *, older=False):
                 "method_check", "corrupt"):
         if key not in doc:
             raise ValueError(f"{SCHEMA} document without {key!r}")
+    if not isinstance(doc["results"], list):
+        raise ValueError(f"{SCHEMA}: 'results' must be a list, got {type(doc['results']).__name__}")
     for r in doc["results"]:
-        missing = {"src", "dst", "mode", "bytes", "gbps", "check"} - set(r)
-        if missing or r["mode"] not in modes or r["check"] not in ("ok", "corrupt", "error"):
-            raise ValueError(f"{SCHEMA}: malformed result {r!r}")
+        if not _is_result(r, modes):
+            raise ValueError(f"{SCHEMA}: malformed result {r!r:.300} (expected src, dst strings, mode one of "
+                             f"{','.join(modes)}, bytes an integer >= 1, gbps a positive number or null, check "
+                             f"ok, corrupt or error)")
 
 
 def compare(doc, old, threshold):
@@ -544,29 +605,101 @@ def compare(doc, old, threshold):
     return slower
 
 
-def run(args) -> int:
-    """`pyxfer bench` with parsed ``args`` (see cli.py). Returns the exit code."""
-    from ._machine import machine_info
+def read_compare(path):
+    """The document of --compare ``path``, validated (validate(older=True)). Raises ValueError naming
+    the file and what is wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            old = json.loads(f.read())
+    except OSError as e:
+        raise ValueError(f"--compare {path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, RecursionError) as e:  # truncated, binary (UnicodeDecodeError is a ValueError), ...
+        raise ValueError(f"--compare {path}: not a JSON document ({e})") from None
+    try:
+        validate(old, older=True)
+    except ValueError as e:
+        raise ValueError(f"--compare {path}: {e}") from None
+    return old
+
+
+def _configure(args, gpus):
+    """(sizes, reps, warmup, rows, modes, old document) of a run, every option checked before anything is
+    measured. Raises ValueError naming the option and what was expected."""
+    from ._machine import memory_bytes
 
     preset = PRESETS[args.preset]
     sizes = sorted(set(args.sizes or preset["sizes"]))
     reps = args.reps if args.reps is not None else preset["reps"]
     warmup = args.warmup if args.warmup is not None else preset["warmup"]
     if reps < 1 or warmup < 0:
-        print(f"pyxfer bench: --reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}", file=sys.stderr)
-        return 2
+        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
+    rows = parse_rows(args.pairs, gpus) if args.pairs is not None else default_rows(gpus)
+    modes = parse_modes(args.modes) if args.modes is not None else list(MODES)
+    if args.modes is not None:  # every mode asked for must be measured somewhere
+        planned = {m for _, _, m in plan_points(rows, modes)}
+        if unsupported := [m for m in modes if m not in planned]:
+            supports = "; ".join(f"{s}->{d}: {','.join(modes_of(s, d, _peer(s, d)))}" for s, d in rows)
+            raise ValueError(f"--modes: expected modes the rows support ({supports}), got {','.join(unsupported)}, "
+                             f"which no row supports")
+    # each point holds about three buffers of its size on a device: the random data, the source, the destination
+    n = max(sizes)
+    for dev in sorted({"cpu" if _is_host(e) else e for row in rows for e in row} | {"cuda:0" if gpus else "cpu"}):
+        if 3 * n > memory_bytes(dev):
+            raise ValueError(f"--sizes: expected sizes whose buffers fit: {fmt_size(n)} needs about 3 x "
+                             f"{fmt_size(n)} on {dev}, which has {fmt_size(memory_bytes(dev))}")
+    old = read_compare(args.compare) if args.compare is not None else None
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'pyxfer[bench]' (or matplotlib)") from None
+        if args.json and os.path.abspath(args.json) == os.path.abspath(args.plot):
+            raise ValueError(f"--json and --plot: expected two files, got {args.plot!r} twice")
+    return sizes, reps, warmup, rows, modes, old
+
+
+def _write_json(doc, path):
+    """Write ``doc`` to ``path``: over a regular file through a temporary file renamed (a failed write
+    leaves the old file and no temporary), into anything else (a pipe, /dev/stdout) directly."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _save_elsewhere(doc):
+    """Save a finished run whose --json could not be written: in a new file of the temporary
+    directory (returns its path), else as JSON on stderr (returns None)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="pyxfer-bench-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        return path
+    except OSError:
+        json.dump(doc, sys.stderr, indent=1)
+        print(file=sys.stderr)
+        return None
+
+
+def run(args) -> int:
+    """`pyxfer bench` with parsed ``args`` (see cli.py). Returns the exit code: 0, 1 (a destination
+    was wrong, or --compare flagged a slowdown), 2 (a bad option, before anything is measured; or an
+    output that could not be written after the run: the run is then saved elsewhere and said where)."""
+    from ._machine import machine_info
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        rows = parse_rows(args.pairs, gpus) if args.pairs else default_rows(gpus)
-        modes = list(MODES) if not args.modes else [m.strip() for m in args.modes.split(",")]
-        if bad := [m for m in modes if m not in MODES]:
-            raise ValueError(f"--modes: expected names from {','.join(MODES)}, got {','.join(bad)}")
-        old = None
-        if args.compare:
-            with open(args.compare) as f:
-                old = json.load(f)
-            validate(old, older=True)
-    except (OSError, ValueError) as e:
+        sizes, reps, warmup, rows, modes, old = _configure(args, gpus)
+    except ValueError as e:
         print(f"pyxfer bench: {e}", file=sys.stderr)
         return 2
     if not gpus:
@@ -590,17 +723,27 @@ def run(args) -> int:
     if old is not None:
         doc["compare"] = {"old": args.compare, "threshold": args.threshold,
                           "slower": compare(doc, old, args.threshold)}
-    print_results(doc)
     status = 1 if doc["corrupt"] or (doc["compare"] and doc["compare"]["slower"]) else 0
+    # From here the run is finished: it is saved before anything else can fail, and an output that
+    # cannot be written (a full disk) is reported with where the run went instead.
+    errors, wrote = [], []
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"wrote {args.json}")
+        try:
+            _write_json(doc, args.json)
+            wrote.append(args.json)
+        except (OSError, ValueError) as e:
+            spare = _save_elsewhere(doc)
+            errors.append(f"--json: could not write {args.json} ({e}); the run is saved in "
+                          f"{spare if spare else 'the JSON above, on stderr'}")
+    print_results(doc)
     if args.plot:
         try:
             plot(doc, args.plot)
-            print(f"wrote {args.plot}")
-        except RuntimeError as e:
-            print(f"pyxfer bench: {e}", file=sys.stderr)
-            status = status or 2
-    return status
+            wrote.append(args.plot)
+        except Exception as e:  # noqa: BLE001  (the run is printed and saved: report the plot and go on)
+            errors.append(f"--plot: could not write {args.plot} ({type(e).__name__}: {e})")
+    for path in wrote:
+        print(f"wrote {path}")
+    for message in errors:
+        print(f"pyxfer bench: {message}", file=sys.stderr)
+    return 2 if errors else status

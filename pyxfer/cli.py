@@ -3,17 +3,24 @@
 This module parses arguments only; the commands live in pyxfer.doctor and pyxfer.bench.
 """
 import argparse
+import math
+import os
 import sys
+
+MAX_BYTES = (1 << 63) - 1  # sizes travel as int64 through torch
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: longer waits overflow the watchdog's select() on some platforms
 
 
 def _size(text):
-    """A byte count: 4096, 4K / 4KiB, 64M / 64MiB, 1G / 1GiB (binary units)."""
+    """A byte count: 4096, 4K / 4KiB, 64M / 64MiB, 1G / 1GiB (binary units), 1 to 2^63 - 1."""
     units = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
     t = text.strip().lower().replace(" ", "")
     num = t.rstrip("kmgib")
     unit = t[len(num):]
     if not num.isdigit() or unit not in units or int(num) * units[unit] < 1:
         raise argparse.ArgumentTypeError(f"expected a size like 4096, 4K, 64MiB or 1G, got {text!r}")
+    if int(num) * units[unit] > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"expected a size of at most 2^63 - 1 bytes (int64), got {text!r}")
     return int(num) * units[unit]
 
 
@@ -21,14 +28,49 @@ def _sizes(text):
     return [_size(s) for s in text.split(",")]
 
 
-def _positive(text):
+def _number(text):
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
+        return math.nan
+
+
+def _seconds(text):
+    """A watchdog's timeout: positive, finite, at most MAX_TIMEOUT_S."""
+    if not 0 < _number(text) <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds up to {MAX_TIMEOUT_S:.0f} "
+                                         f"(a week), got {text!r}")
+    return _number(text)
+
+
+def _fraction(upper_included):
+    """A fraction in (0, 1] (``upper_included``) or (0, 1): 1 and above would flag what is not slower."""
+    def parse(text):
+        v = _number(text)
+        if not (0 < v <= 1 if upper_included else 0 < v < 1):
+            raise argparse.ArgumentTypeError(f"expected a fraction in (0, {'1]' if upper_included else '1)'}, "
+                                             f"got {text!r}")
+        return v
+    return parse
+
+
+def _output_path(suffix=None):
+    """An output file that can be written: not a directory, in an existing writable directory (and
+    ending in ``suffix``), checked when the arguments are parsed, before anything is measured."""
+    def parse(text):
+        if suffix and not text.lower().endswith(suffix):
+            raise argparse.ArgumentTypeError(f"expected a path ending in {suffix}, got {text!r}")
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"expected a file to write, got the directory {text!r}")
+        parent = os.path.dirname(os.path.abspath(text))
+        if not os.path.isdir(parent):
+            raise argparse.ArgumentTypeError(f"expected a file in an existing directory, got {text!r} "
+                                             f"({parent} is not a directory)")
+        if not os.access(parent if not os.path.exists(text) else text, os.W_OK):
+            raise argparse.ArgumentTypeError(f"expected a file this process can write, got {text!r} "
+                                             f"(permission denied)")
+        return text
+    return parse
 
 
 def _version_text():
@@ -67,14 +109,14 @@ def build_parser():
     d.add_argument("--pairs", metavar="SRC->DST,...",
                    help="probe only these ordered pairs, e.g. 'cpu->cuda:0,cuda:0->cuda:1' (default: host <-> every "
                         "GPU and every GPU pair)")
-    d.add_argument("--timeout", type=_positive, default=30.0, metavar="S",
+    d.add_argument("--timeout", type=_seconds, default=30.0, metavar="S",
                    help="seconds a pair's probes may take before the pair is 'hung' (default 30)")
     d.add_argument("--large", type=_size, default=64 << 20, metavar="SIZE",
                    help="the large probe size (default 64MiB; cpu -> cpu uses at most 16MiB)")
-    d.add_argument("--slow-fraction", type=_positive, default=0.5, metavar="F",
+    d.add_argument("--slow-fraction", type=_fraction(True), default=0.5, metavar="F",
                    help="'slow' under F x the median GB/s of comparable pairs (default 0.5)")
-    d.add_argument("--cache", metavar="PATH", help="verdict cache file (default $PYXFER_DOCTOR_CACHE or "
-                                                   "~/.cache/pyxfer/doctor-verdicts.json)")
+    d.add_argument("--cache", type=_output_path(), metavar="PATH",
+                   help="verdict cache file (default $PYXFER_DOCTOR_CACHE or ~/.cache/pyxfer/doctor-verdicts.json)")
     d.add_argument("--no-cache", action="store_true", help="do not write the verdict cache")
 
     b = sub.add_parser("bench", help="bandwidth and latency matrices: copy engine, SM kernel, staged, verified",
@@ -88,11 +130,12 @@ def build_parser():
                         "cpu where no GPU is visible)")
     b.add_argument("--reps", type=int, metavar="N", help="timed repetitions per point (median reported)")
     b.add_argument("--warmup", type=int, metavar="N", help="untimed repetitions first")
-    b.add_argument("--json", metavar="PATH", help="write the results (schema pyxfer.bench, version 1)")
-    b.add_argument("--plot", metavar="PATH.png",
+    b.add_argument("--json", type=_output_path(), metavar="PATH",
+                   help="write the results (schema pyxfer.bench, version 2)")
+    b.add_argument("--plot", type=_output_path(".png"), metavar="PATH.png",
                    help="write PNG heatmaps (needs matplotlib: pip install pyxfer[bench])")
     b.add_argument("--compare", metavar="OLD.json", help="flag points slower than in an earlier --json")
-    b.add_argument("--threshold", type=_positive, default=0.10, metavar="F",
+    b.add_argument("--threshold", type=_fraction(False), default=0.10, metavar="F",
                    help="--compare flags a point slower by more than this fraction (default 0.10)")
     b.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     return parser

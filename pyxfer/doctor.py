@@ -24,9 +24,13 @@ large "ce" copy's. Every probe runs in a child process under a watchdog, so a st
 hang takes down only the child: the pair is reported and the doctor carries on in a fresh child.
 
 A fault armed from $PYXFER_INJECT_FAULT is in the children too: the report names it next to every
-verdict it can have caused; a malformed value is a failed check. The verdicts are cached (see
-pyxfer._verdict_cache; not when a fault was armed from the environment) for
-pyxfer.health.load_doctor_verdicts. Exit code 0 when every check passed and every pair is ok, else 1.
+verdict it can have caused; a malformed value is a failed check. The probes name their routes, so
+the environment the user's copies run with is checked on its own: a PYXFER_* value pyxfer refuses
+when it reads it (PYXFER_ROUTE=fast makes every default-route verified_copy raise; a peer knob the
+CUDA path refuses; a PYXFER_HEALTH_FROM_DOCTOR that loads nothing) is a failed check. The verdicts
+are cached (see pyxfer._verdict_cache; not when a fault was armed from the environment) for
+pyxfer.health.load_doctor_verdicts. Exit code 0 when every check passed and every pair is ok, else 1;
+2 for a bad option (said before anything is probed).
 
 --json prints one document (schema "pyxfer.doctor", version 2):
   schema, schema_version, ok (bool), seconds,
@@ -40,8 +44,10 @@ pyxfer.health.load_doctor_verdicts. Exit code 0 when every check passed and ever
   cache {path, written: bool, note}
 """
 import json
+import math
 import os
 import platform
+import re
 import select
 import signal
 import statistics
@@ -181,6 +187,68 @@ def _env_fault_check():
     except ValueError as e:
         return (FAIL, f"{e}; the probes run without it"), None
     return (OK, f"{spec!r} armed in every probe: the verdicts it can cause say so"), {"spec": spec, **fault}
+
+
+# The PYXFER_* variables pyxfer reads while it runs, and those only the build, the scripts and the
+# tests read: any other PYXFER_* name is read by nothing (a typo?), which the environment check says.
+RUNTIME_ENV = ("PYXFER_ROUTE", "PYXFER_INJECT_FAULT", "PYXFER_HEALTH_FROM_DOCTOR", "PYXFER_DOCTOR_CACHE",
+               "PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS", "PYXFER_ALLOW_UNTESTED")
+OTHER_ENV = ("PYXFER_CUDA_ARCHS", "PYXFER_CUDA_ARCH_LIST", "PYXFER_WITH_CUDA", "PYXFER_KERNEL_CHECK", "PYXFER_CXX",
+             "PYXFER_TORCH", "PYXFER_VENV", "PYXFER_CACHE", "PYXFER_CUDA_TORCH", "PYXFER_CUDA_VENV",
+             "PYXFER_TE_TORCH", "PYXFER_TE_VENV", "PYXFER_TE_VERSION", "PYXFER_GATHER_SEED", "PYXFER_TE_SEED",
+             TEST_FAULT_ENV)
+# A number as C's sscanf("%lf") reads it (csrc/cuda/transfer_cuda.cpp reads the peer knobs so; the rest
+# of the text is ignored there too)
+_SCANF_FLOAT = r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))"
+
+
+def _scanf_number(pattern, text):
+    m = re.match(pattern, text, re.IGNORECASE)
+    return float(m.group(m.lastindex)) if m else math.nan
+
+
+def _environment_check(env=None):
+    """(status, detail) of the PYXFER_* variables the copies of this environment run with: FAIL naming
+    each value pyxfer refuses when it reads it (a copy that raises, verdicts not loaded), as it would
+    refuse it. PYXFER_INJECT_FAULT has a check of its own."""
+    from ._verdict_cache import HEALTH_ENV, cache_path, env_problem, read_cache
+    from .transfer import ROUTES
+
+    env = os.environ if env is None else env
+    bad, notes = [], []
+    route = env.get("PYXFER_ROUTE")
+    if route is not None and route not in ROUTES:  # transfer.default_route(): "" is not "auto" either
+        bad.append(f"PYXFER_ROUTE={route!r}: expected one of {', '.join(ROUTES)}; every verified_copy without "
+                   f"route= raises ValueError")
+    fused = env.get("PYXFER_PEER_FUSED_MIB")
+    if fused and not 0 <= _scanf_number(_SCANF_FLOAT, fused) < math.inf:
+        bad.append(f"PYXFER_PEER_FUSED_MIB={fused!r}: expected a size in MiB such as '64' (0: never); the first "
+                   f"peer copy of a CUDA build raises")
+    chunks = env.get("PYXFER_PEER_CHUNKS")
+    if chunks and not 0 < _scanf_number(r"\s*[+-]?\d+," + _SCANF_FLOAT, chunks) < math.inf:
+        bad.append(f"PYXFER_PEER_CHUNKS={chunks!r}: expected '<shrink>,<min chunk MiB>' such as '6,2'; the first "
+                   f"peer copy of a CUDA build raises")
+    health = env.get(HEALTH_ENV, "")
+    if health == "1":  # without a cache yet: this run writes it
+        notes.append(f"{HEALTH_ENV}=1 loads {cache_path()}" + ("" if os.path.isfile(cache_path()) else
+                                                               " (not there yet)"))
+    elif health not in ("", "0"):
+        problem = env_problem(health)
+        if problem is None:
+            try:
+                read_cache(health)
+                notes.append(f"{HEALTH_ENV} loads {health}")
+            except (OSError, ValueError) as e:
+                problem = f"{HEALTH_ENV}={health!r}: not a verdict cache ({e})"
+        if problem:
+            bad.append(f"{problem}; imports load no verdicts")
+    unknown = sorted(k for k in env if k.startswith("PYXFER_") and k not in RUNTIME_ENV + OTHER_ENV)
+    if unknown:
+        notes.append(f"read by nothing in pyxfer: {', '.join(unknown)}")
+    if bad:
+        return FAIL, "; ".join(bad + notes)
+    used = [f"{k}={env[k]!r}" for k in RUNTIME_ENV if k in env and k not in ("PYXFER_INJECT_FAULT", HEALTH_ENV)]
+    return OK, "; ".join([(", ".join(used) if used else "none set") + " (valid)"] + notes)
 
 
 def _device_checks(info, gpu):
@@ -443,8 +511,8 @@ def _fault_matches(fault, src, dst):
 
 def select_pairs(devices, spec=None):
     """Ordered pairs to probe: host <-> each GPU and every GPU pair (cpu -> cpu without GPUs), or
-    those named by ``spec`` ("cpu->cuda:0,cuda:0->cuda:1"). Raises ValueError for a malformed or
-    unknown pair."""
+    those named by ``spec`` ("cpu->cuda:0,cuda:0->cuda:1"). Raises ValueError for a malformed,
+    unknown or repeated pair."""
     names = ["cpu"] + [f"cuda:{g['index']}" for g in devices]
     if spec is None:
         if not devices:
@@ -455,6 +523,8 @@ def select_pairs(devices, spec=None):
         a, sep, b = (s.strip() for s in item.partition("->"))
         if not sep or a not in names or b not in names:
             raise ValueError(f"--pairs: expected SRC->DST[,SRC->DST...] with devices from {names}, got {item!r}")
+        if (a, b) in pairs:
+            raise ValueError(f"--pairs: expected each pair once, got {a}->{b} twice in {spec!r}")
         pairs.append((a, b))
     return pairs
 
@@ -476,6 +546,7 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fra
     result, fault = _env_fault_check()
     report.checks.append(run_check("PYXFER_INJECT_FAULT", lambda: result))
     report.section("injected_fault", fault)
+    report.check("PYXFER_* environment", _environment_check)
     report.check("build matches torch", lambda: _torch_match_check(info))
     report.check("CUDA build", lambda: _cuda_build_check(info, devices))
     report.check("checksum vectors on cpu", lambda: _vector_check("cpu"))

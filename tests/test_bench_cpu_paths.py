@@ -77,13 +77,15 @@ def test_progress_lines_without_tqdm(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
-def test_plot_without_matplotlib_exits_2_after_the_report(capsys, tmp_path, monkeypatch):
+def test_plot_without_matplotlib_exits_2_before_measuring(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code, out, err, doc = run_bench(capsys, tmp_path, "--modes", "ce", "--no-progress", "--plot",
-                                    str(tmp_path / "b.png"))
-    assert code == 2 and doc["results"][0]["check"] == "ok"  # measured and written, then the plot failed
-    assert "pyxfer bench: --plot needs matplotlib: pip install 'pyxfer[bench]' (or matplotlib)" in err
-    assert not (tmp_path / "b.png").exists() and "ce GB/s at" in out
+    code = main(["bench", "--sizes", str(N), "--reps", "2", "--warmup", "0", "--modes", "ce", "--json",
+                 str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""  # nothing measured: the missing extra is said first
+    assert err == "pyxfer bench: --plot needs matplotlib: pip install 'pyxfer[bench]' (or matplotlib)\n"
+    assert list(tmp_path.iterdir()) == []
+    doc = {"config": {"matrix_size": N, "rows": [], "modes": []}}
     with pytest.raises(RuntimeError, match="--plot needs matplotlib"):
         bench.plot(doc, tmp_path / "c.png")
 

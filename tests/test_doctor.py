@@ -3,6 +3,7 @@ real probes with injected faults, the watchdog, the verdict cache, and each self
 its worked value is wrong."""
 import json
 import time
+import warnings
 
 import pytest
 import torch
@@ -21,8 +22,9 @@ VERDICTS = {"ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error"}
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
     """No fault from the environment, the cache in a temporary directory, health restored."""
-    monkeypatch.delenv("PYXFER_INJECT_FAULT", raising=False)
-    monkeypatch.delenv(doctor.TEST_FAULT_ENV, raising=False)
+    for name in ("PYXFER_INJECT_FAULT", doctor.TEST_FAULT_ENV, "PYXFER_ROUTE", "PYXFER_HEALTH_FROM_DOCTOR",
+                 "PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "verdicts.json"))
     pyxfer.health.reset()
     yield
@@ -387,9 +389,12 @@ def test_a_fault_for_any_pair_is_said_next_to_the_verdict(capsys, monkeypatch):
     assert doc["injected_fault"]["src"] is None and doc["injected_fault"]["dst"] is None
 
 
-def test_an_unwritable_cache_is_reported_not_fatal(capsys, tmp_path):
+def test_an_unwritable_cache_is_reported_not_fatal(capsys, tmp_path, monkeypatch):
+    # the default cache ($PYXFER_DOCTOR_CACHE here) cannot be written: said, the verdicts stand (an
+    # unwritable --cache is a bad option instead: test_cache_option_is_checked_before_any_probe)
     (tmp_path / "file").write_text("a file where the cache's directory should be")
-    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu", "--cache", str(tmp_path / "file" / "v.json"))
+    monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "file" / "v.json"))
+    code, doc = run_json(capsys, "--large", "1M", "--pairs", "cpu->cpu")
     assert code == 0 and [p["verdict"] for p in doc["pairs"]] == ["ok"]
     assert doc["cache"]["written"] is False and doc["cache"]["path"] is None
     assert doc["cache"]["note"].startswith("not written: [Errno ") and str(tmp_path / "file") in doc["cache"]["note"]
@@ -445,9 +450,175 @@ def test_cache_applies_only_bad_and_ok_verdicts_of_visible_devices(tmp_path):
     assert pyxfer.health.status("cpu", "cpu") == "corrupt"
 
 
-@pytest.mark.parametrize("option", ["--timeout", "--slow-fraction"])
+@pytest.mark.parametrize("option,expected", [("--timeout", "a positive number of seconds up to 604800 (a week)"),
+                                             ("--slow-fraction", "a fraction in (0, 1]")])
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "nan"])
-def test_options_that_must_be_positive(capsys, option, value):
+def test_options_that_must_be_positive(capsys, option, expected, value):
     with pytest.raises(SystemExit) as e:
         main(["doctor", option, value])
-    assert e.value.code == 2 and f"expected a positive number, got {value!r}" in capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {option}: expected {expected}, got {value!r}" in capsys.readouterr().err
+
+
+# ---- the environment the user's copies run with; options checked before any probe
+
+def environment_check(doc):
+    (check,) = [c for c in doc["checks"] if c["check"] == "PYXFER_* environment"]
+    return check["status"], check["detail"]
+
+
+def test_an_invalid_route_in_the_environment_fails_the_doctor(capsys, monkeypatch):
+    """PYXFER_ROUTE=fast makes every default-route verified_copy raise: the doctor's probes name their
+    routes, so only a check of the environment itself can say so."""
+    monkeypatch.setenv("PYXFER_ROUTE", "fast")
+    code, doc = run_json(capsys, "--no-cache", "--large", "1M")
+    assert code == 1 and not doc["ok"]
+    status, detail = environment_check(doc)
+    assert status == "FAIL" and detail == ("PYXFER_ROUTE='fast': expected one of auto, direct, staged; every "
+                                           "verified_copy without route= raises ValueError")
+    assert [p["verdict"] for p in doc["pairs"]] == ["ok"]  # the pairs themselves are fine
+    assert doctor._environment_check({"PYXFER_ROUTE": "staged"}) == ("ok", "PYXFER_ROUTE='staged' (valid)")
+
+
+@pytest.mark.parametrize("env,why", [
+    ({"PYXFER_ROUTE": ""}, "PYXFER_ROUTE='': expected one of auto, direct, staged"),
+    ({"PYXFER_PEER_FUSED_MIB": "-1"}, "PYXFER_PEER_FUSED_MIB='-1': expected a size in MiB such as '64'"),
+    ({"PYXFER_PEER_FUSED_MIB": "lots"}, "PYXFER_PEER_FUSED_MIB='lots': expected a size in MiB"),
+    ({"PYXFER_PEER_CHUNKS": "2"}, "PYXFER_PEER_CHUNKS='2': expected '<shrink>,<min chunk MiB>' such as '6,2'"),
+    ({"PYXFER_PEER_CHUNKS": "2,0"}, "PYXFER_PEER_CHUNKS='2,0': expected '<shrink>,<min chunk MiB>'"),
+    ({"PYXFER_HEALTH_FROM_DOCTOR": "yes"}, "PYXFER_HEALTH_FROM_DOCTOR='yes': expected 1 (the cache at "),
+])
+def test_environment_values_pyxfer_refuses_fail_the_check(env, why):
+    status, detail = doctor._environment_check(env)
+    assert status == "FAIL" and detail.startswith(why), detail
+
+
+def test_environment_values_pyxfer_accepts_pass_the_check(tmp_path):
+    # as the native knobs read them (sscanf: the number first, the rest ignored)
+    env = {"PYXFER_PEER_FUSED_MIB": "0", "PYXFER_PEER_CHUNKS": " 2, 8.5", "PYXFER_ROUTE": "auto",
+           "PYXFER_ROUT": "staged"}
+    status, detail = doctor._environment_check(env)
+    assert status == "ok" and detail.startswith("PYXFER_ROUTE='auto', PYXFER_PEER_FUSED_MIB='0', PYXFER_PEER_CHUNKS=")
+    assert detail.endswith("read by nothing in pyxfer: PYXFER_ROUT")  # a typo is said, not failed
+    assert doctor._environment_check({}) == ("ok", "none set (valid)")
+    path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "ok"}], tmp_path / "v.json")
+    assert doctor._environment_check({"PYXFER_HEALTH_FROM_DOCTOR": path})[0] == "ok"
+    (tmp_path / "bad.json").write_text('{"schema": "pyxfer.doctor.verdicts", "schema_version": 1, "key": 5, '
+                                       '"pairs": []}')
+    status, detail = doctor._environment_check({"PYXFER_HEALTH_FROM_DOCTOR": str(tmp_path / "bad.json")})
+    assert status == "FAIL" and detail.startswith(f"PYXFER_HEALTH_FROM_DOCTOR={str(tmp_path / 'bad.json')!r}: not a "
+                                                  f"verdict cache ('key' must be an object")
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "1e10"])
+def test_timeout_too_large_for_the_watchdog_is_a_bad_option(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["doctor", "--timeout", value, "--no-cache"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1] == (
+        f"pyxfer doctor: error: argument --timeout: expected a positive number of seconds up to 604800 (a week), "
+        f"got {value!r}")
+
+
+def test_slow_verdict_of_a_two_pair_class():
+    """A 2-GPU machine has two pairs per class: the median of two is their mean, and a pair under half
+    of it is slow (30 < 0.5 x 65); the faster one is not."""
+    def pair(src, dst, gbps):
+        return {"src": src, "dst": dst, "verdict": "ok", "gbps": gbps, "evidence": []}
+
+    pairs = [pair("cuda:0", "cuda:1", 100.0), pair("cuda:1", "cuda:0", 30.0)]
+    doctor._mark_slow(pairs, 0.5)
+    assert [p["verdict"] for p in pairs] == ["ok", "slow"]
+    assert pairs[1]["evidence"] == ["30.0 GB/s is under 0.5 x the median 65.0 GB/s of 2 GPU -> GPU pairs"]
+    assert pairs[0]["evidence"] == []
+
+
+def test_a_pair_given_twice_is_a_bad_option(capsys):
+    with pytest.raises(ValueError, match=r"^--pairs: expected each pair once, got cpu->cpu twice in "
+                                         r"'cpu->cpu, cpu -> cpu'$"):
+        doctor.select_pairs([], "cpu->cpu, cpu -> cpu")
+    assert main(["doctor", "--pairs", "cpu->cpu,cpu->cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "pyxfer doctor: --pairs: expected each pair once, got cpu->cpu twice in " \
+                                "'cpu->cpu,cpu->cpu'\n"
+
+
+@pytest.mark.parametrize("where", ["directory", "missing directory", "under a file"])
+def test_cache_option_is_checked_before_any_probe(capsys, tmp_path, where):
+    (tmp_path / "file").write_text("x")
+    path = {"directory": tmp_path, "missing directory": tmp_path / "no" / "v.json",
+            "under a file": tmp_path / "file" / "v.json"}[where]
+    with pytest.raises(SystemExit) as e:
+        main(["doctor", "--cache", str(path), "--large", "1M"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""  # nothing probed, nothing printed but the error
+    expected = f"expected a file to write, got the directory {str(path)!r}" if where == "directory" else \
+        f"expected a file in an existing directory, got {str(path)!r} ({path.parent} is not a directory)"
+    assert err.splitlines()[-1] == f"pyxfer doctor: error: argument --cache: {expected}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temporary file left behind
+
+
+def test_a_cache_that_cannot_be_written_leaves_no_temporary_file(capsys, tmp_path, monkeypatch):
+    (tmp_path / "v.json").mkdir()  # a directory where the cache file should be
+    with pytest.raises(IsADirectoryError):
+        save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "ok"}], tmp_path / "v.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["v.json"]
+    monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "v.json"))  # the default path: said, not fatal
+    code, doc = run_json(capsys, "--large", "1M")
+    assert code == 0 and doc["cache"]["note"].startswith("not written: [Errno 21] Is a directory")
+    assert [p.name for p in tmp_path.iterdir()] == ["v.json"]
+
+
+def malformed_cache(tmp_path, field, value):
+    path = save_verdicts([{"src": "cpu", "dst": "cpu", "verdict": "corrupt"}], tmp_path / "v.json")
+    doc = json.loads(open(path).read())
+    doc[field] = value
+    open(path, "w").write(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("key", 5, "'key' must be an object"), ("key", None, "'key' must be an object"),
+    ("key", ["a", "b"], "'key' must be an object"), ("pairs", 5, "'pairs' must be a list"),
+    ("pairs", None, "'pairs' must be a list"), ("pairs", ["cpu", "cpu"], "'pairs' must be a list"),
+    ("pairs", [{"src": "cpu", "dst": "cpu", "verdict": 5}], "'pairs' must be a list"),
+])
+def test_a_malformed_key_or_pairs_is_ignored_with_a_warning(tmp_path, field, value, why):
+    path = malformed_cache(tmp_path, field, value)
+    with pytest.warns(RuntimeWarning, match=f"ignored: not a verdict cache \\({why}"):
+        assert pyxfer.health.load_doctor_verdicts(path) == {}
+    assert pyxfer.health.status("cpu", "cpu") == "unknown"  # nothing of it applied
+
+
+def test_a_malformed_cache_from_the_environment_does_not_break_import_or_the_doctor(tmp_path, capsys,
+                                                                                     monkeypatch):
+    path = malformed_cache(tmp_path, "pairs", ["cpu", "cpu"])
+    r = run_python("import pyxfer; print(pyxfer.health.status('cpu', 'cpu'))", env={"PYXFER_HEALTH_FROM_DOCTOR": path})
+    assert r.returncode == 0 and r.stdout.strip() == "unknown", r.stderr
+    assert f"RuntimeWarning: pyxfer: doctor verdict cache {path} ignored: not a verdict cache ('pairs' must be" \
+        in r.stderr
+    # the probe children import pyxfer under the same variable: their pairs are probed, the check says why
+    monkeypatch.setenv("PYXFER_HEALTH_FROM_DOCTOR", path)
+    code, doc = run_json(capsys, "--no-cache", "--large", "1M")
+    assert code == 1 and [p["verdict"] for p in doc["pairs"]] == ["ok"]
+    status, detail = environment_check(doc)
+    assert status == "FAIL" and detail.startswith(f"PYXFER_HEALTH_FROM_DOCTOR={path!r}: not a verdict cache "
+                                                  f"('pairs' must be a list")
+    assert detail.endswith("; imports load no verdicts")
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "missing.json", "1"])
+def test_health_from_doctor_that_loads_nothing_says_so(tmp_path, monkeypatch, value):
+    from pyxfer._verdict_cache import load_from_env
+    monkeypatch.chdir(tmp_path)  # "missing.json" and friends: no such file here
+    monkeypatch.setenv("PYXFER_HEALTH_FROM_DOCTOR", value)  # "1": the default cache, absent in tmp_path
+    expected = (f"PYXFER_HEALTH_FROM_DOCTOR=1: there is no verdict cache at {tmp_path / 'verdicts.json'} "
+                f"(run `pyxfer doctor`)") if value == "1" else (
+        f"PYXFER_HEALTH_FROM_DOCTOR={value!r}: expected 1 (the cache at {tmp_path / 'verdicts.json'}), 0, or the "
+        f"path of a verdict cache file, and there is no file {value!r}")
+    with pytest.warns(RuntimeWarning) as record:
+        assert load_from_env() == {}
+    assert [str(w.message) for w in record] == [f"pyxfer: {expected}: no doctor verdicts loaded"]
+    monkeypatch.setenv("PYXFER_HEALTH_FROM_DOCTOR", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_from_env() == {}  # off: nothing to say
