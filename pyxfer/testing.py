@@ -23,8 +23,9 @@ copies of that pair (pyxfer.health). Deferred mismatches are reported by check_t
 thread that made the copy (for a copy captured in a CUDA graph: the thread that captured it).
 
 The environment variable PYXFER_INJECT_FAULT installs one process-wide fault when pyxfer is
-imported, e.g. ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times;
-path defaults to direct, src/dst to any device, times to 1; ``path=gather,src=1`` names ranks).
+imported, e.g. ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times,
+each at most once; path defaults to direct, src/dst to any device, times to 1; ``path=gather,src=1``
+names ranks). A malformed value warns and installs nothing.
 """
 import contextlib
 import os
@@ -112,7 +113,8 @@ ENV_FORM = "kind[,path=P][,src=D][,dst=D][,times=N]"  # the form PYXFER_INJECT_F
 
 def parse_env_fault(spec: str) -> dict:
     """The fault a PYXFER_INJECT_FAULT value names, as inject_fault's arguments {kind, path, src, dst,
-    times}. Raises ValueError naming the variable, the expected form and the value."""
+    times}. Raises ValueError naming the variable, the expected form and the value (an unknown kind
+    or key, a key given twice, a times that is not an integer >= 1)."""
     def bad(why):
         return ValueError(f"PYXFER_INJECT_FAULT: {why}; expected {ENV_FORM} with kind one of {FAULT_KINDS} "
                           f"(e.g. 'bitflip,dst=cuda:1,times=3'), got {spec!r}")
@@ -122,10 +124,14 @@ def parse_env_fault(spec: str) -> dict:
     if kind not in FAULT_KINDS:
         raise bad(f"unknown fault kind {kind!r}")
     fault = {"kind": kind, "path": "direct", "src": None, "dst": None, "times": 1}
+    given = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("path", "src", "dst", "times"):
             raise bad(f"{item!r} is not one of path=, src=, dst=, times=")
+        if key in given:  # which one was meant is a guess: refuse rather than let the last one win
+            raise bad(f"{key}= is given twice ({given[key]!r}, {item!r})")
+        given[key] = item
         if key == "times" or (key in ("src", "dst") and value.isdigit()):
             if not value.isdigit() or (key == "times" and int(value) < 1):
                 raise bad(f"times must be an integer >= 1, got {value!r}")

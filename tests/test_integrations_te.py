@@ -13,8 +13,11 @@ extension built from its sdist): ``bash scripts/te_env.sh`` makes ``.venv-te``, 
   each defect the patch fixes, unpatched TE on the same input showing it.
 - In this process: the patch contract on TE's real modules (every binding, identity on unpatch,
   double patch, a raising context, a module imported after patch()), and TE missing.
+- In a script run as __main__ (also registered as __mp_main__ by torch's import of multiprocessing)
+  that imported gather_along_first_dim by name: patched once, restored by unpatch.
 """
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -179,12 +182,40 @@ def test_arguments_te_does_not_take_get_te_own_type_error(ted):
         assert str(e.value) == message
 
 
-def _python(code):
-    """``code`` in a fresh interpreter importing the same pyxfer as this one: run from tests/te, not
-    the source tree (whose pyxfer/ may lack a build for this torch), with PYTHONPATH made absolute."""
+def _python(*args):
+    """``python *args`` (``-c code`` or a script) in a fresh interpreter importing the same pyxfer as
+    this one: run from tests/te, not the source tree (whose pyxfer/ may lack a build for this torch),
+    with PYTHONPATH made absolute."""
     path = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, check=False,
                           cwd=os.path.join(HERE, "te"), env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+
+
+@needs_te
+def test_a_script_that_imported_gather_along_first_dim_by_name_is_patched(tmp_path):
+    """Issue 39 item 9: the script is __main__ and, once torch imported multiprocessing, also
+    __mp_main__ (one module under two names): its binding is patched once, not refused."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        import torch
+        import pyxfer
+        from transformer_engine.pytorch.distributed import gather_along_first_dim
+        import transformer_engine.pytorch.distributed as ted
+        from pyxfer.integrations import transformer_engine as pyxfer_te
+
+        kept = [gather_along_first_dim]  # not a global: that would be one more binding to patch
+        report = pyxfer_te.patch()
+        mine = [b.where for b in report.bindings if b.owner is sys.modules["__main__"]]
+        patched = gather_along_first_dim is ted.gather_along_first_dim is not kept[0]
+        pyxfer_te.unpatch()
+        print(json.dumps({"two_names": sys.modules["__mp_main__"] is sys.modules["__main__"], "mine": mine,
+                          "patched": patched, "restored": gather_along_first_dim is kept[0]}))
+    """))
+    out = _python(str(script))
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"two_names": True, "mine": ["__main__.gather_along_first_dim"], "patched": True, "restored": True}
 
 
 def test_te_missing_is_a_clear_error():
@@ -208,7 +239,7 @@ def test_te_missing_is_a_clear_error():
         except IntegrationError as e:
             print("IntegrationError:", e)
     """)
-    out = _python(code)
+    out = _python("-c", code)
     assert "IntegrationError: pyxfer.integrations.transformer_engine: importing transformer_engine.pytorch" \
         in out.stdout, out.stdout + out.stderr
 
@@ -216,6 +247,6 @@ def test_te_missing_is_a_clear_error():
 def test_importing_the_integration_imports_no_te():
     code = ("import sys, pyxfer.integrations.transformer_engine; "
             "print(any(m.startswith('transformer_engine') for m in sys.modules))")
-    out = _python(code)
+    out = _python("-c", code)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
