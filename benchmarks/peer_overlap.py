@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402,F401
-from pyxfer._timing import fmt_size  # noqa: E402
+from pyxfer.tools.timing import fmt_size  # noqa: E402
 
 from common import print_table, write_json  # noqa: E402
 

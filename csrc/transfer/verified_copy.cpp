@@ -110,7 +110,7 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   }
 
   // NOTE: no resolve_conj() / resolve_neg(): the dispatcher's Conjugate and Negative fallbacks
-  // materialize lazily conjugated / negated views before this op runs (tests/test_transfer_defects.py).
+  // materialize lazily conjugated / negated views before this op runs (tests/transfer/test_transfer.py).
   const at::Tensor s = src.contiguous();  // the result is contiguous; hash and copy the same bytes
   Attempt first = attempt(*path, s, route, verify);
   if (first.ok) {
