@@ -53,7 +53,7 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("take_sync_transfer_error() -> int[]");
 
   // Quantized formats (csrc/include/pyxfer/formats.h; layouts as Transformer Engine's, see
-  // shared/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each
+  // docs/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each
   // quantize op returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv),
   // a 0-element tensor for a usage not asked for; data is uint8 bytes, scale padding is zero.
   // FP8 block scaling, 1x128 (block_dim=1) or 128x128 (block_dim=2), any M and K (partial blocks).

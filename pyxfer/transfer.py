@@ -1,5 +1,5 @@
 """Verified copies between devices: hash on the source, copy, hash on the destination, compare;
-on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
+on a mismatch, repair through the staged path or raise TransferError. See docs/design.md
 "Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
 import os
 

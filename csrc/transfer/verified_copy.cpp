@@ -1,4 +1,4 @@
-// The verified-transfer protocol (DESIGN.md "Transfer semantics"), written once for every pair of
+// The verified-transfer protocol (docs/design.md "Transfer semantics"), written once for every pair of
 // devices: hash the source on its device, copy, hash the destination on its device after the data
 // landed, compare. On a mismatch mark the pair corrupt, copy again staged and verify again; if that
 // fails too raise pyxfer.TransferError. What a CUDA graph cannot repeat is refused during capture.

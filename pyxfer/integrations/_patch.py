@@ -23,7 +23,7 @@ with pyxfer's versions, and can put back the identical original objects. Subclas
     patch, unpatch, patched, is_patched = (_integration.patch, _integration.unpatch,
                                            _integration.patched, _integration.is_patched)
 
-Rules (DESIGN.md "Integrations are opt-in and reversible"):
+Rules (docs/design.md, "Integrations are opt-in and reversible"):
 
 - The target is imported lazily, on the first ``patch()`` (or ``target()``), never by ``import pyxfer``.
   A missing library, one that fails to import, or a version outside ``tested`` (lowest tested

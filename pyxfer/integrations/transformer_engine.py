@@ -2,7 +2,7 @@
 
 TE's ``transformer_engine.pytorch.distributed.gather_along_first_dim`` (sequence / tensor
 parallelism) falls back to a high-precision gather whenever a shard is not quantizable, and those
-fallbacks are wrong in several ways (specs/quantized-formats.md §6.6): the input is never made
+fallbacks are wrong in several ways (docs/specs/quantized-formats.md §6.6): the input is never made
 contiguous (NCCL rejects it), ``async_op`` is dropped, MXFP8 / NVFP4 requantization of a
 gathered shape that is still not a multiple of the block asserts in TE's allocator, 128x128 FP8
 block tensors are never gathered quantized, and NVFP4 shards with different global amax are
@@ -68,7 +68,7 @@ __all__ = ["TESTED", "is_patched", "late_bindings", "patch", "patched", "report"
 #: (lowest tested release, first untested release) of the ``transformer-engine`` distribution.
 TESTED = ("2.20", "2.21")
 
-# Modules of TE 2.20 that import gather_along_first_dim by name (specs/integrations.md §4.2); they
+# Modules of TE 2.20 that import gather_along_first_dim by name (docs/integrations.md, "Transformer Engine"); they
 # are imported before the scan so that none is loaded later holding the original.
 _IMPORTERS = (
     "transformer_engine.pytorch.attention.dot_product_attention.context_parallel",

@@ -1,4 +1,4 @@
-"""PXH64 test vectors from the spec (shared/specs/checksum.md) and CPU/GPU agreement checks,
+"""PXH64 test vectors from the spec (docs/specs/pxh64.md) and CPU/GPU agreement checks,
 used by `pyxfer doctor` and by the tests."""
 import torch
 
@@ -66,7 +66,7 @@ def check_agreement(device, seed=0):
     return results
 
 
-# ---- quantized formats: worked values of shared/specs/quantized-formats.md §8 (name, fmt, input
+# ---- quantized formats: worked values of docs/specs/quantized-formats.md §8 (name, fmt, input
 # builder, options, {buffer: expected leading bytes / values})
 def _mxfp8_block():
     x = torch.zeros(32, 32)

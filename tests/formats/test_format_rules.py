@@ -1,5 +1,5 @@
 """The format rules that CPU and CUDA share through csrc/include/pyxfer/formats.h, checked on the CPU
-against rules written here from the spec (shared/specs/quantized-formats.md) on top of the
+against rules written here from the spec (docs/specs/quantized-formats.md) on top of the
 independent reference's primitives (tests/support/formats_reference.py): a wrong shared rule fails here even
 though CPU == CUDA still holds.
 

@@ -1,4 +1,4 @@
-"""pyxfer.formats on the CPU: the spec's worked values (shared/specs/quantized-formats.md §8), then
+"""pyxfer.formats on the CPU: the spec's worked values (docs/specs/quantized-formats.md §8), then
 bit-exact agreement with the independent numpy reference (tests/support/formats_reference.py) on fresh
 random data for every format x usage x input dtype x FP8 dtype x options, odd shapes, partial edge
 blocks, non-contiguous inputs; error bounds; the QuantizedTensor API; bad inputs; opcheck."""

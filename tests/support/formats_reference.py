@@ -1,5 +1,5 @@
 """Independent bit-exact reference of the quantized formats, written from
-shared/specs/quantized-formats.md (§1 encodings, §2.3/§3.3/§4.3 scale rules, §2.2/§3.2/§4.2 layouts,
+docs/specs/quantized-formats.md (§1 encodings, §2.3/§3.3/§4.3 scale rules, §2.2/§3.2/§4.2 layouts,
 §5 swizzle) and the buffer contract of pyxfer.formats (scale padding is zeroed). No pyxfer code, no
 ml_dtypes: numpy (+ python ints) only.
 

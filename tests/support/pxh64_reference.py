@@ -1,4 +1,4 @@
-"""Independent PXH64 references written straight from shared/specs/checksum.md (no pyxfer code):
+"""Independent PXH64 references written straight from docs/specs/pxh64.md (no pyxfer code):
 one in pure Python integers, one vectorised with numpy's wrapping uint64 arithmetic."""
 import numpy as np
 
