@@ -51,6 +51,18 @@ TORCH_LIBRARY(pyxfer, m) {
   // The record of the failure this thread's last sync verified_copy raised (then cleared), in the
   // same layout: count 1, the first try's hashes and route, attempt 2; [] if none.
   m.def("take_sync_transfer_error() -> int[]");
+  // The pure parts of verified GPU copies, for tests on any machine (csrc/transfer/peer_plan.cpp).
+  // The copy-engine schedule of a num_bytes peer copy from the pair's rates (GB/s) and one wave of the
+  // hash kernel: [shrink, min_chunk, hash_blocks, src_blocks, end of each chunk...]; with knobs, as
+  // PYXFER_PEER_CHUNKS / PYXFER_PEER_HASH_GRID override it.
+  m.def("plan_peer_chunks(int num_bytes, float link_gbps, float hash_gbps, int wave_blocks, bool knobs=False) -> int[]");
+  // The checker's verdict on published words [src, dst, src_token, dst_token] of call `seq` whose ends
+  // are cuda:src_device and cuda:dst_device (pyxfer/verify_words.h): [ok, src_hash, dst_hash].
+  m.def("judge_verify_words(int[] words, int seq, int src_device, int dst_device) -> int[]");
+  // Sizes (bytes) where verified GPU copies change protocol: [largest two-kernel peer copy run in a row,
+  // largest one-kernel pull (PYXFER_PEER_FUSED_MIB; above it the copy engine), largest copy whose sync
+  // wait polls the published words].
+  m.def("verified_copy_limits() -> int[]");
 
   // Quantized formats (csrc/include/pyxfer/formats.h; layouts as Transformer Engine's, see
   // shared/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each

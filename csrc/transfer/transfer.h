@@ -109,6 +109,14 @@ uint64_t cpu_hash(const at::Tensor& t);
 
 struct TransferErrors;  // transfer/errors.h
 
+// The first attempt of a verified copy made without a TransferPath (PathFamily::fast_attempt).
+struct FastAttempt {
+  at::Tensor dst;
+  at::Device dst_device{at::kCPU};  // resolved
+  bool ok = true;
+  uint64_t src_hash = 0, dst_hash = 0;  // kSync: both hashes (also when they differ)
+};
+
 // A family of paths: which device pairs it serves and how to make a path for one of them.
 struct PathFamily {
   bool (*serves)(at::DeviceType src, at::DeviceType dst);
@@ -118,6 +126,12 @@ struct PathFamily {
   // last call, after waiting for the devices that ran them (and its captured graphs' devices); null
   // where they all go to the host latch (latch_host_error).
   TransferErrors (*take_errors)();
+  // Optional: the first attempt of verified_copy(src, device, requested, verify) on the direct route
+  // with no per-call heap objects (the latency path of small copies), for the cases the family serves
+  // that way; false -- having done nothing (no fault consumed, nothing queued) -- for every other case
+  // (any it is not sure of, bad input included), which then takes the general path.
+  bool (*fast_attempt)(const at::Tensor& src, at::Device device, Route requested, Verify verify,
+                       FastAttempt* out) = nullptr;
 };
 // Called once per family from a static initializer of the file that implements it (returns true).
 // Registration happens while the library loads, before any op runs: readers take no lock.

@@ -82,11 +82,50 @@ Attempt attempt(TransferPath& path, const at::Tensor& src, Route route, Verify v
   return a;
 }
 
+// After the first attempt (on `route`, made by a path or a family's fast attempt): a match returns it;
+// a mismatch marks the pair corrupt and copies again staged, verified, or raises.
+at::Tensor conclude(const at::Tensor& s, at::Device dst_device, Route route, Verify verify, Attempt first) {
+  const int64_t src_code = device_code(s.device()), dst_code = device_code(dst_device);
+  if (first.ok) {
+    if (verify == Verify::kSync && route == Route::kDirect && health_get(src_code, dst_code) == kUnknown)
+      health_set(src_code, dst_code, kHealthy);
+    return first.dst;
+  }
+  // NOTE: only the sync mode gets here; nothing unverified is returned.
+  health_set(src_code, dst_code, kCorrupt);
+  first.dst = at::Tensor();
+  std::unique_ptr<TransferPath> path = make_path(kOp, s, dst_device);
+  const Attempt second = attempt(*path, s, Route::kStaged, Verify::kSync);
+  if (second.ok) return second.dst;
+  TransferErrorRecord failure;
+  failure.count = 1;
+  failure.src = src_code;
+  failure.dst = dst_code;
+  failure.num_bytes = int64_t(s.nbytes());
+  failure.src_hash = first.src_hash;
+  failure.dst_hash = first.dst_hash;
+  failure.route = route;
+  failure.attempt = 2;
+  failure.retry_dst_hash = second.dst_hash;
+  raise_transfer_error(failure);
+}
+
 at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::string_view route_name,
                               c10::string_view verify_name) {
   check_dense(kOp, "src", src);
   const Route requested = parse_route(kOp, route_name);
   const Verify verify = parse_verify(verify_name);
+  for (const PathFamily& f : families()) {  // the latency path, where a family has one for this copy
+    FastAttempt fast;
+    if (f.fast_attempt != nullptr && f.fast_attempt(src, device, requested, verify, &fast)) {
+      Attempt first;
+      first.dst = std::move(fast.dst);
+      first.ok = fast.ok;
+      first.src_hash = fast.src_hash;
+      first.dst_hash = fast.dst_hash;
+      return conclude(src, fast.dst_device, Route::kDirect, verify, std::move(first));
+    }
+  }
   // Validates before any allocation, answers the routing questions, then runs the first attempt.
   std::unique_ptr<TransferPath> path = make_path(kOp, src, device);
   const at::Device dst_device = path->dst_device();
@@ -113,28 +152,8 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   // materialize lazily conjugated / negated views before this op runs (tests/test_transfer_defects.py).
   const at::Tensor s = src.contiguous();  // the result is contiguous; hash and copy the same bytes
   Attempt first = attempt(*path, s, route, verify);
-  if (first.ok) {
-    if (verify == Verify::kSync && route == Route::kDirect && health_get(src_code, dst_code) == kUnknown)
-      health_set(src_code, dst_code, kHealthy);
-    return first.dst;
-  }
-  // NOTE: only the sync mode gets here; nothing unverified is returned.
-  health_set(src_code, dst_code, kCorrupt);
-  first.dst = at::Tensor();
-  path = make_path(kOp, s, dst_device);
-  const Attempt second = attempt(*path, s, Route::kStaged, Verify::kSync);
-  if (second.ok) return second.dst;
-  TransferErrorRecord failure;
-  failure.count = 1;
-  failure.src = src_code;
-  failure.dst = dst_code;
-  failure.num_bytes = int64_t(s.nbytes());
-  failure.src_hash = first.src_hash;
-  failure.dst_hash = first.dst_hash;
-  failure.route = route;
-  failure.attempt = 2;
-  failure.retry_dst_hash = second.dst_hash;
-  raise_transfer_error(failure);
+  path.reset();  // a repair makes a fresh one
+  return conclude(s, dst_device, route, verify, std::move(first));
 }
 
 at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
