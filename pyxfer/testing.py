@@ -110,8 +110,8 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
     copy, never hit; calls with no matching non-empty buffer are not counted.
 
     Raises ValueError for an unknown kind, path or device, a kernel fault on a path other than
-    "direct", a negative rank, times < 1, or a process_wide that is not a bool; TypeError / ValueError for a seed that is not an int in
-    [0, 2**64)."""
+    "direct", a negative rank, times < 1, or a process_wide that is not a bool; TypeError /
+    ValueError for a seed that is not an int in [0, 2**64)."""
     fault = _push(kind, src, dst, path, times, seed, buffer, process_wide)
     try:
         yield fault

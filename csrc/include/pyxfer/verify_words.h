@@ -11,9 +11,11 @@
 //            checker expects the call's sequence number (a leftover of another call, or a replay whose
 //            kernel did not run after the check consumed the last one, does not match);
 //   canary   each device holds its own canary (a __device__ variable: one instance per device),
-//            XORed into every hash a guarded kernel publishes and removed by the checker with the
-//            canary of the device that should have run it: a kernel that ran on another device (the
-//            legacy stream of the wrong current device) publishes a hash and a token that are wrong.
+//            XORed into every hash a guarded kernel publishes and into its token, and removed by the
+//            checker with the canary of the device that should have run it: a kernel that ran on
+//            another device (the legacy stream of the wrong current device) publishes a wrong token,
+//            and between two GPUs a wrong hash too (a GPU-local copy's two hashes carry the same
+//            canary, so there the token is what tells).
 #pragma once
 
 #include <stdint.h>
