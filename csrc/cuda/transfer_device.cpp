@@ -356,13 +356,14 @@ void DeviceCopy::finish() {
 }
 
 // The host's one wait. Small copies poll the tokens the kernels publish last (no event wake-up on the
-// way back); the event on Sb ends the wait when they never come (a kernel that did not run) or when
-// the copy is large.
+// way back); the event on Sb ends the wait when they never come (a kernel that did not run), when the
+// copy is large, or when the stream is busy for longer than a short spin.
 void DeviceCopy::wait_for_words() {
+  constexpr uint32_t kMaxSpins = uint32_t(1) << 16;  // ~ms of pauses: then the event's blocking wait
   if (num_bytes_ <= kSpinWaitBytes) {
     const volatile VerifyWords* w = words_;
     const uint64_t want_src = verify::run_token(seq_, src_canary_), want_dst = verify::run_token(seq_, dst_canary_);
-    for (uint32_t i = 1;; ++i) {
+    for (uint32_t i = 1; i < kMaxSpins; ++i) {
       if (w->src_token == want_src && w->dst_token == want_dst) {
         std::atomic_thread_fence(std::memory_order_acquire);  // the hashes were published before the tokens
         return;
