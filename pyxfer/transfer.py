@@ -1,6 +1,13 @@
 """Verified copies between devices: hash on the source, copy, hash on the destination, compare;
 on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
-"Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
+"Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy).
+
+Host work -- hashing what lands in host memory as each chunk arrives, hashing a CPU source beside its
+copy, the host legs of staged copies, CPU checksums -- runs on one pool of threads per process, made at
+its first use: $PYXFER_HOST_HASH_THREADS workers (0..256; default min(CPU threads / 2, 16); 0: the
+calling threads do it all) and PXH64 in $PYXFER_HOST_HASH_ISA (auto, scalar, avx2 or avx512; default
+auto: the best this CPU runs; every one gives the same bits), both read once. torch.ops.pyxfer.
+host_hash_info() tells what is in use."""
 import os
 
 import torch
@@ -117,7 +124,8 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
-    as verified_copy (a CPU result of a GPU source is pinned memory); differentiable like it (the gradient goes back to src's device, staged);
+    as verified_copy (a CPU result of a GPU source is pinned memory, as with its default
+    pin_memory=True); differentiable like it (the gradient goes back to src's device, staged);
     raises for bad input like it, and RuntimeError during CUDA graph capture."""
     op = "pyxfer.staged_copy"
     check_tensor(op, "src", src)

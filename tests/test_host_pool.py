@@ -240,6 +240,20 @@ print(os.waitstatus_to_exitcode(status), pyxfer.checksum(big) == want)
 
 # ---- the CPU <-> CPU verified copy on the pool --------------------------------------------------
 
+def test_pin_memory_must_be_a_bool_and_cpu_to_cpu_results_stay_pageable(gen):
+    src = random_bytes(4099, gen)
+    for bad in (1, 0, "yes", None, torch.tensor(True)):
+        with pytest.raises(TypeError, match=r"^pyxfer.verified_copy: pin_memory must be a bool, got "):
+            pyxfer.verified_copy(src, "cpu", pin_memory=bad)
+    for pin_memory in (True, False):  # for copies from a GPU only: a CPU -> CPU result is pageable
+        out = pyxfer.verified_copy(src, "cpu", pin_memory=pin_memory)
+        assert torch.equal(out, src) and not out.is_pinned()
+        out = torch.ops.pyxfer.verified_copy(src, torch.device("cpu"), "direct", "sync", pin_memory)
+        assert torch.equal(out, src) and not out.is_pinned()
+        torch.library.opcheck(torch.ops.pyxfer.verified_copy.default,
+                              (src, torch.device("cpu"), "auto", "sync", pin_memory))
+
+
 @pytest.mark.parametrize("route", ["direct", "staged"])
 def test_cpu_copies_of_every_size_are_exact_and_hashed_right(route, gen):
     base = random_bytes(5 * MiB + 16, gen)

@@ -158,6 +158,7 @@ def test_the_copy_to_the_host_follows_the_work_queued_before_it(gen):
         for route in ("direct", "staged"):
             src = source(GPU, n, gen, pinned=False)
             fresh = source(GPU, n, gen, pinned=False)
+            torch.cuda.synchronize()  # both made on the default stream
             with torch.cuda.stream(stream):
                 torch.cuda._sleep(20_000_000)
                 src.copy_(fresh)

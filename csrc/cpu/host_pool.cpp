@@ -241,14 +241,20 @@ void host_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_
   tasks.wait();
 }
 
+uint64_t pxh64_range_sum(const uint8_t* base, int64_t begin, int64_t end) {
+  TORCH_INTERNAL_ASSERT(begin % int64_t(pxh64::kWordBytes) == 0, "pyxfer: a hash item starts at byte ", begin,
+                        ", not on an 8-byte word: PXH64 partial sums compose only on words");
+  return pxh64_host_sum(base + begin, uint64_t(end - begin), uint64_t(begin) / pxh64::kWordBytes, 0);
+}
+
 uint64_t host_pxh64_sum(const uint8_t* data, int64_t num_bytes, uint64_t word_offset, uint64_t seed) {
   if (num_bytes < 2 * kHostItemBytes) return pxh64_host_sum(data, uint64_t(num_bytes), word_offset, seed);
   const int64_t items = (num_bytes + kHostItemBytes - 1) / kHostItemBytes;
   std::vector<uint64_t> sums(size_t(items), 0);
   host_parallel_for(num_bytes, kHostItemBytes, [&](int64_t begin, int64_t end) {
-    // NOTE: item boundaries are multiples of kHostItemBytes (of 8): partial sums compose only on words
+    TORCH_INTERNAL_ASSERT(begin % int64_t(pxh64::kWordBytes) == 0);  // items compose only on words
     sums[size_t(begin / kHostItemBytes)] =
-        pxh64_host_sum(data + begin, uint64_t(end - begin), word_offset + uint64_t(begin) / 8, seed);
+        pxh64_host_sum(data + begin, uint64_t(end - begin), word_offset + uint64_t(begin) / pxh64::kWordBytes, seed);
   });
   uint64_t total = 0;
   for (uint64_t s : sums) total += s;
@@ -264,7 +270,7 @@ void HostHashJob::start(const uint8_t* data, int64_t num_bytes) {
   for (int64_t i = 0; i < items; ++i) {
     const int64_t begin = i * kHostItemBytes, end = std::min(num_bytes, begin + kHostItemBytes);
     uint64_t* out = &sums_[size_t(i)];
-    tasks_.run([=] { *out = pxh64_host_sum(data + begin, uint64_t(end - begin), uint64_t(begin) / 8, 0); });
+    tasks_.run([=] { *out = pxh64_range_sum(data, begin, end); });
   }
 }
 

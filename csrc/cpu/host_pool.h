@@ -69,6 +69,11 @@ int64_t host_pool_threads();
 // One range (n <= grain) runs inline.
 void host_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// Unfinalized PXH64 (seed 0) sum of base[begin, end), keyed as the words of the whole buffer at `base`, on
+// the calling thread: one item of a split hash. `begin` must fall on a word (PXH64 partial sums compose
+// only on 8-byte boundaries): an internal assert, no caller can get this wrong.
+uint64_t pxh64_range_sum(const uint8_t* base, int64_t begin, int64_t end);
+
 // Unfinalized PXH64 sum of data[0, num_bytes), word j keyed as absolute word `word_offset + j`, split into
 // kHostItemBytes items over the pool (inline below two items).
 uint64_t host_pxh64_sum(const uint8_t* data, int64_t num_bytes, uint64_t word_offset, uint64_t seed);

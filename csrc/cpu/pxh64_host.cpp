@@ -165,17 +165,13 @@ HostIsa host_hash_isa() {
   return isa;
 }
 
-uint64_t pxh64_host_sum_with(HostIsa isa, const uint8_t* data, uint64_t num_bytes, uint64_t word_offset,
-                             uint64_t seed) {
+uint64_t pxh64_host_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed) {
 #if PYXFER_HOST_X86
+  const HostIsa isa = host_hash_isa();
   if (isa == HostIsa::kAvx512) return sum_avx512(data, num_bytes, word_offset, seed);
   if (isa == HostIsa::kAvx2) return sum_avx2(data, num_bytes, word_offset, seed);
 #endif
   return sum_scalar(data, num_bytes, word_offset, seed);
-}
-
-uint64_t pxh64_host_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed) {
-  return pxh64_host_sum_with(host_hash_isa(), data, num_bytes, word_offset, seed);
 }
 
 }  // namespace pyxfer

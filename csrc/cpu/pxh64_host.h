@@ -20,8 +20,5 @@ HostIsa host_hash_isa();
 // Unfinalized PXH64 sum of data[0, num_bytes) (any alignment; a last partial word reads as zero-padded),
 // word j keyed as absolute word `word_offset + j`, with the variant in use. One thread.
 uint64_t pxh64_host_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed);
-// The same with a given variant (which this CPU must run).
-uint64_t pxh64_host_sum_with(HostIsa isa, const uint8_t* data, uint64_t num_bytes, uint64_t word_offset,
-                             uint64_t seed);
 
 }  // namespace pyxfer

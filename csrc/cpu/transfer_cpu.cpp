@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cpu/host_pool.h"
-#include "cpu/pxh64_host.h"
 #include "pyxfer/pxh64.h"
 #include "transfer/errors.h"
 #include "transfer/staging.h"
@@ -83,10 +82,9 @@ class HostPath final : public TransferPath {
     std::vector<uint64_t> src_sums(size_t(items), 0), dst_sums(size_t(items), 0);
     const auto item = [&](const PlanChunk& c) {
       const size_t i = size_t(c.begin / kHostItemBytes);
-      const uint64_t n = uint64_t(c.end - c.begin), word = uint64_t(c.begin) / 8;  // items start on words
-      if (hash) src_sums[i] = pxh64_host_sum(s + c.begin, n, word, 0);
+      if (hash) src_sums[i] = pxh64_range_sum(s, c.begin, c.end);
       apply_chunk(d, s, c, plan.flip_mask);
-      if (hash) dst_sums[i] = pxh64_host_sum(d + c.begin, n, word, 0);
+      if (hash) dst_sums[i] = pxh64_range_sum(d, c.begin, c.end);
     };
     if (items <= 1) {
       for_each_chunk(plan, kHostItemBytes, item);

@@ -432,8 +432,11 @@ class CudaPath final : public TransferPath {
       }
       if (hash) src_value_ = src_hash.finish();
     }
-    if (plan.ensure_byte >= 0) make_wrong(dst, src, plan);
-    if (hash && !dst_hashed) {  // after make_wrong: the faulty destination as it ends up
+    if (plan.ensure_byte >= 0) {
+      make_wrong(dst, src, plan);
+      dst_hashed = false;  // the destination may have changed after its hash
+    }
+    if (hash && !dst_hashed) {
       if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());
       else dst_value_ = cpu_hash(dst);
     }

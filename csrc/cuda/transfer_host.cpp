@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "cpu/host_pool.h"
-#include "cpu/pxh64_host.h"
 #include "cuda/staging_pool.h"
 #include "cuda/stream_order.h"
 #include "pyxfer/launch.h"
@@ -32,12 +31,9 @@ void host_wait_event(c10::DeviceIndex device, cudaEvent_t event) {
   C10_CUDA_CHECK(cudaEventSynchronize(event));
 }
 
-// Unfinalized PXH64 of dst bytes [c.begin, c.end) into *out (if out is not null). Items start on words.
+// Unfinalized PXH64 of dst bytes [c.begin, c.end) into *out (if out is not null).
 void hash_item(const uint8_t* d, const PlanChunk& c, uint64_t* out) {
-  if (out == nullptr) return;
-  TORCH_INTERNAL_ASSERT(c.begin % int64_t(pxh64::kWordBytes) == 0, "pyxfer: a host item starts at byte ", c.begin,
-                        ", not on an 8-byte word: PXH64 partial sums compose only on words");
-  *out = pxh64_host_sum(d + c.begin, uint64_t(c.end - c.begin), uint64_t(c.begin) / pxh64::kWordBytes, 0);
+  if (out != nullptr) *out = pxh64_range_sum(d, c.begin, c.end);
 }
 
 // The host-side part of a fault plan on item `c` of host memory: zeros, then the flipped bit.
@@ -94,10 +90,12 @@ uint64_t copy_device_to_pinned(const at::Tensor& dst, const at::Tensor& src, con
   const uint8_t* s = bytes_of(src);
   const cudaStream_t raw = stream.stream();
   const auto queue_copy = [&](const PlanChunk& c) {
-    if (c.copy_length > 0)
-      C10_CUDA_CHECK(cudaMemcpyAsync(d + c.copy_dst, s + c.copy_src, size_t(c.copy_length), cudaMemcpyDeviceToHost, raw));
+    if (c.copy_length > 0) {
+      C10_CUDA_CHECK(cudaMemcpyAsync(d + c.copy_dst, s + c.copy_src, size_t(c.copy_length), cudaMemcpyDeviceToHost,
+                                     raw));
+    }
   };
-  if (!hash) {  // one copy, one wait, then a fault's host-side part
+  if (!hash || plan.num_bytes <= kHostItemBytes) {  // one copy, one wait, the host's part on this thread
     const int64_t whole = std::max<int64_t>(8, plan.num_bytes);
     try {
       for_each_chunk(plan, whole, queue_copy);
@@ -106,8 +104,12 @@ uint64_t copy_device_to_pinned(const at::Tensor& dst, const at::Tensor& src, con
       settle_after_error(stream);  // the copy may still be landing
       throw;
     }
-    for_each_chunk(plan, whole, [&](const PlanChunk& c) { apply_host_fault(d, c, plan.flip_mask); });
-    return 0;
+    uint64_t sum = 0;
+    for_each_chunk(plan, whole, [&](const PlanChunk& c) {
+      apply_host_fault(d, c, plan.flip_mask);
+      hash_item(d, c, hash ? &sum : nullptr);
+    });
+    return hash ? pxh64::finalize(sum, uint64_t(plan.num_bytes), 0) : 0;
   }
   std::deque<uint64_t> sums;  // one per item (a deque: stable addresses)
   HostTasks tasks;            // NOTE: declared after what its tasks use (destroyed, and waited for, first)

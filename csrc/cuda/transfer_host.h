@@ -25,6 +25,7 @@ constexpr int64_t kLandingChunkBytes = int64_t(8) << 20;
 // `stream` (the source's current stream), an event after each; as each chunk's event fires, the pool
 // applies the plan's host-side part (zeros, a flipped bit) to its items and, if `hash`, hashes them.
 // Returns PXH64 (seed 0) of dst's bytes after all that (0 without `hash`). The host waits for the copy.
+// Without `hash`, or up to one item: one copy, one wait, the host's part on the calling thread.
 uint64_t copy_device_to_pinned(const at::Tensor& dst, const at::Tensor& src, const c10::cuda::CUDAStream& stream,
                                const CopyPlan& plan, bool hash);
 
