@@ -221,21 +221,55 @@ print("done")
             assert "terminate" not in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def pool_workers():
+    """Threads of this process named as the pool's workers (Linux)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names.count("pyxfer-host")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
+def test_workers_are_made_once_and_kept():
+    code = """
+import torch, pyxfer
+from test_host_pool import pool_workers
+big = torch.randint(0, 256, ((6 << 20) + 3,), dtype=torch.uint8)
+before = pool_workers()  # none before the first use
+for _ in range(20):
+    pyxfer.checksum(big)
+print(before, pool_workers())
+"""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    for threads in ("0", "3"):
+        r = run_python(code, env={"PYXFER_HOST_HASH_THREADS": threads, "PYTHONPATH": tests_dir})
+        assert r.returncode == 0 and r.stdout.split() == ["0", threads], (r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"),
+                    reason="needs os.fork and /proc (Linux)")
 def test_a_forked_child_gets_a_pool_of_its_own(gen):
+    # the child inherits none of the parent's worker threads: it makes its own at its first use
     code = """
 import os, torch, pyxfer
+from test_host_pool import pool_workers
 big = torch.randint(0, 256, ((6 << 20) + 3,), dtype=torch.uint8)
 want = pyxfer.checksum(big)  # the parent's workers exist now
 pid = os.fork()
 if pid == 0:
-    ok = pyxfer.checksum(big) == want and torch.ops.pyxfer._host_pool_selftest(500, -1, 10) == 500
-    os._exit(0 if ok else 3)
+    ok = pool_workers() == 0
+    ok = ok and pyxfer.checksum(big) == want and torch.ops.pyxfer._host_pool_selftest(500, -1, 10) == 500
+    os._exit(0 if ok and pool_workers() == 2 else 3)
 _, status = os.waitpid(pid, 0)
-print(os.waitstatus_to_exitcode(status), pyxfer.checksum(big) == want)
+print(os.waitstatus_to_exitcode(status), pyxfer.checksum(big) == want, pool_workers())
 """
-    r = run_python(code, env={"PYXFER_HOST_HASH_THREADS": "2"}, timeout=120)
-    assert r.returncode == 0 and r.stdout.split() == ["0", "True"], (r.stdout, r.stderr[-2000:])
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    r = run_python(code, env={"PYXFER_HOST_HASH_THREADS": "2", "PYTHONPATH": tests_dir}, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["0", "True", "2"], (r.stdout, r.stderr[-2000:])
 
 
 # ---- the CPU <-> CPU verified copy on the pool --------------------------------------------------
