@@ -1,7 +1,8 @@
 // The CUDA mechanics of verified transfers (any end on a GPU); the protocol itself is in
-// csrc/transfer/verified_copy.cpp, the reusable plumbing in cuda/stream_order.h, cuda/peer_access.h
-// and cuda/staging_pool.h; direct copies with both ends on GPUs (and this family's fast first attempt)
-// in cuda/transfer_device.h. Streams: Sa / Sb are the current streams of the source / destination
+// csrc/transfer/verified_copy.cpp; direct copies with both ends on GPUs (and this family's fast first
+// attempt) in cuda/transfer_device.h; the legs through host memory (a CPU end, the staged route) in
+// cuda/transfer_host.h; the reusable plumbing in cuda/stream_order.h, cuda/peer_access.h and
+// cuda/staging_pool.h. Streams: Sa / Sb are the current streams of the source / destination
 // device (the callers' streams, as Tensor.to uses them); pyxfer's own side streams
 // (cuda/side_streams.h) hash the source beside the copy (Ha), hash destination chunks as they land
 // (Hb) and run staged legs (Ca, Cb).
@@ -23,15 +24,16 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/host_pool.h"
 #include "cuda/deferred_latch.h"
 #include "cuda/graph_lifetime.h"
 #include "cuda/host_hashes.h"
 #include "cuda/peer_access.h"
 #include "cuda/pxh64_cuda.h"
 #include "cuda/side_streams.h"
-#include "cuda/staging_pool.h"
 #include "cuda/stream_order.h"
 #include "cuda/transfer_device.h"
+#include "cuda/transfer_host.h"
 #include "pyxfer/launch.h"
 #include "transfer/errors.h"
 #include "transfer/transfer.h"
@@ -94,12 +96,15 @@ class CudaPath final : public TransferPath {
     }
   }
 
-  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) override {
+  at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify, bool pin_memory) override {
     verify_ = verify;
+    pin_memory_ = pin_memory;
     const auto options = at::TensorOptions().dtype(dtype).device(dst_);
     if (!dst_.is_cuda()) {
       prepare_compare();
-      return at::empty(sizes, options);
+      // A CPU result: pinned from torch's caching host allocator, as t.to("cpu", non_blocking=True) makes
+      // it (the GPU writes it directly), unless the caller asked for pageable memory.
+      return at::empty(sizes, options.pinned_memory(pin_memory));
     }
     if (sa_capturing_) order(*sa_, *sb_);        // fork: Sb joins the capture
     if (sb_capturing_ && sa_) order(*sb_, *sa_);  // fork: Sa joins the capture
@@ -119,22 +124,14 @@ class CudaPath final : public TransferPath {
       copy_device_to_device(dst, src, plan);
       return;
     }
-    if (src_.is_cuda() && dst_.is_cuda()) prepare_compare();  // GPU -> GPU staged
+    if (!src_.is_cuda() || !dst_.is_cuda()) return copy_with_host_end(dst, src, route, plan);
+    prepare_compare();  // GPU -> GPU staged
     const bool hash = verify_ != Verify::kNone;
-    beside_ = hash && src_.is_cuda() && plan.num_bytes >= kOverlapBytes;
-    bool dst_hashed = false;
-    if (hash && src_.is_cuda()) hash_src(src, nullptr);  // beside the copy (a side stream) or before it
-    if (route == Route::kStaged) copy_staged(dst, src, plan);
-    else copy_host_device(dst, src, plan);
-    if (plan.ensure_byte >= 0) {
-      make_wrong(dst, src, plan);
-      dst_hashed = false;  // the destination may have changed after the copy's own hash
-    }
-    if (hash && src_.is_cpu()) src_value_ = cpu_hash(src);  // after queuing the copy: overlaps a pinned one
-    if (hash && !dst_hashed) {
-      if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());  // on Sb, after the data landed there
-      else dst_value_ = cpu_hash(dst);                     // torch's copy into host memory has finished
-    }
+    beside_ = hash && plan.num_bytes >= kOverlapBytes;
+    if (hash) hash_src(src, nullptr);  // beside the copy (a side stream) or before it
+    copy_staged(dst, src, plan);
+    if (plan.ensure_byte >= 0) make_wrong(dst, src, plan);
+    if (hash) hash_on(*sb_, dst, dst_out());  // on Sb, after the data landed there
     if (hs_ && *hs_ != *sa_) order(*hs_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
     if (hs_ && !on_host_) order(*hs_, *sb_);     // deferred: the latch kernel on Sb reads the source hash
     if (verify_ == Verify::kNone) {
@@ -293,114 +290,77 @@ class CudaPath final : public TransferPath {
     if (src_.is_cuda()) pair_ = take_host_hashes();
   }
 
-  // Direct host <-> device: torch's copy (cudaMemcpyAsync on the device's current stream; it keeps
-  // pinned sources alive and waits where the host memory is pageable). Faults act on the device side.
-  void copy_host_device(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan) {
-    const at::Device gpu = dst_.is_cuda() ? dst_ : src_;
-    const c10::cuda::CUDAGuard guard(gpu);
-    const at::Tensor d = dst.reshape({-1}).view(at::kByte), s = src.reshape({-1}).view(at::kByte);
-    if (plan.zero_fill) {
-      d.zero_();
-    } else if (plan.length > 0) {
-      d.narrow(0, plan.dst_offset, plan.length).copy_(s.narrow(0, plan.src_offset, plan.length),
-                                                      /*non_blocking=*/dst_.is_cuda());
+  // A copy with a CPU end (the legs in cuda/transfer_host.cpp): what lands in host memory is hashed there
+  // by the host hashing pool as it lands, a CPU source is hashed by the pool while the copy moves, a GPU
+  // end is hashed on its GPU (a source beside the copy, a destination after the data landed).
+  // NOTE: a CPU destination is compared on the host: deferred is as synchronous as sync there.
+  void copy_with_host_end(const at::Tensor& dst, const at::Tensor& src, Route route, const CopyPlan& plan) {
+    const bool hash = verify_ != Verify::kNone;
+    bool dst_hashed = false;
+    if (src_.is_cuda()) {  // GPU -> host
+      beside_ = hash && plan.num_bytes >= kOverlapBytes;
+      if (hash) hash_src(src, nullptr);
+      if (route == Route::kStaged || !pin_memory_) {  // pageable memory: through the pinned slots
+        const CUDAStream ca = side_.acquire(src_.index());
+        order(*sa_, ca);
+        keep_alive_on(src, ca);
+        dst_value_ = copy_device_to_host_staged(dst, src, ca, plan, hash);
+        order(ca, *sa_);  // later work on the source's stream runs after our reads
+      } else {  // straight into the pinned result, chunk by chunk on Sa
+        dst_value_ = copy_device_to_pinned(dst, src, *sa_, plan, hash);
+      }
+      dst_hashed = hash;
+    } else {  // host -> GPU
+      HostHashJob src_hash;  // NOTE: holds src's bytes' hash tasks: waited for before src can go
+      if (hash) src_hash.start(bytes_of(src), plan.num_bytes);
+      if (route == Route::kStaged) {
+        const CUDAStream cb = side_.acquire(dst_.index());
+        order(*sb_, cb);
+        keep_alive_on(dst, cb);
+        copy_host_to_device_staged(dst, src, cb, plan);
+        order(cb, *sb_);  // the result is ready for the destination's stream
+      } else {
+        copy_host_to_device(dst, src, plan);
+      }
+      if (hash && plan.ensure_byte < 0) {  // queued before the host waits for the source hash
+        hash_on(*sb_, dst, dst_out());
+        dst_hashed = true;
+      }
+      if (hash) src_value_ = src_hash.finish();
     }
-    if (plan.flip_byte >= 0) {
-      at::Tensor b = d.narrow(0, plan.flip_byte, 1);
-      b.bitwise_xor_(plan.flip_mask);
+    if (plan.ensure_byte >= 0) {
+      make_wrong(dst, src, plan);
+      dst_hashed = false;  // the destination may have changed after its hash
+    }
+    if (hash && !dst_hashed) {
+      if (dst_.is_cuda()) hash_on(*sb_, dst, dst_out());
+      else dst_value_ = cpu_hash(dst);
+    }
+    if (hs_ && *hs_ != *sa_) order(*hs_, *sa_);  // later work on Sa (writes to src) runs after the hash read it
+    if (verify_ == Verify::kNone) {
+      join();
+      hand_over_to_graph();
     }
   }
 
-  // Staged: each chunk goes source -> pinned slot -> destination. Device legs run on side streams
-  // (Ca on the source GPU, Cb on the destination GPU) so the D2H of chunk k+1 overlaps the H2D of
-  // chunk k; host legs are memcpy after waiting for the slot.
+  // Staged GPU -> GPU: the D2H of each piece on Ca (the source GPU), its H2D on Cb (the destination GPU)
+  // once it landed, so piece k+1 leaves while piece k arrives.
   void copy_staged(const at::Tensor& dst, const at::Tensor& src, const CopyPlan& plan) {
-    StagingPool& pool = staging_pool();
-    c10::optional<CUDAStream> ca, cb;
-    if (src_.is_cuda()) {
-      ca = side_.acquire(src_.index());
-      order(*sa_, *ca);
-      keep_alive_on(src, *ca);
-    }
-    if (dst_.is_cuda()) {
-      cb = side_.acquire(dst_.index());
-      order(*sb_, *cb);
-      keep_alive_on(dst, *cb);
-    }
-    uint8_t* d = bytes_of(dst);
-    const uint8_t* s = bytes_of(src);
-    for_each_chunk(plan, pool.chunk_bytes(), [&](const PlanChunk& c) {
-      if (c.zero_fill) {
-        if (cb) {
-          const c10::cuda::CUDAGuard guard(dst_);
-          C10_CUDA_CHECK(cudaMemsetAsync(d + c.begin, 0, size_t(c.end - c.begin), cb->stream()));
-        } else {
-          std::memset(d + c.begin, 0, size_t(c.end - c.begin));
-        }
-      }
-      if (c.copy_length > 0) stage_chunk(pool, d + c.copy_dst, s + c.copy_src, c.copy_length, ca, cb);
-      if (c.flip_byte >= 0) {
-        if (cb) {
-          const c10::cuda::CUDAGuard guard(dst_);
-          C10_CUDA_CHECK(launch_xor_byte(d + c.flip_byte, plan.flip_mask, cb->stream()));
-        } else {
-          d[c.flip_byte] ^= plan.flip_mask;
-        }
-      }
-    });
-    if (ca) order(*ca, *sa_);  // later work on the source's stream runs after our reads
-    if (cb) order(*cb, *sb_);  // the result is ready for the destination's stream
-  }
-
-  void stage_chunk(StagingPool& pool, uint8_t* d, const uint8_t* s, int64_t length,
-                   const c10::optional<CUDAStream>& ca, const c10::optional<CUDAStream>& cb) {
-    while (length > 0) {
-      StagingPool::Slot slot = pool.acquire();
-      const int64_t n = std::min(length, slot.capacity);
-      cudaEvent_t landed = nullptr, read = nullptr;
-      try {
-        if (ca) {  // source leg on the source GPU: D2H into the slot
-          const c10::cuda::CUDAGuard guard(src_);
-          if (slot.prior_reader) C10_CUDA_CHECK(cudaStreamWaitEvent(ca->stream(), slot.prior_reader, 0));
-          C10_CUDA_CHECK(cudaMemcpyAsync(slot.ptr, s, size_t(n), cudaMemcpyDeviceToHost, ca->stream()));
-          C10_CUDA_CHECK(cudaEventCreateWithFlags(&landed, cudaEventDisableTiming));
-          C10_CUDA_CHECK(cudaEventRecord(landed, ca->stream()));
-        } else {  // the host writes the slot: wait for its last reader first
-          if (slot.prior_reader) C10_CUDA_CHECK(cudaEventSynchronize(slot.prior_reader));
-          std::memcpy(slot.ptr, s, size_t(n));
-        }
-        if (cb) {  // destination leg on the destination GPU: H2D out of the slot
-          const c10::cuda::CUDAGuard guard(dst_);
-          if (landed) C10_CUDA_CHECK(cudaStreamWaitEvent(cb->stream(), landed, 0));
-          C10_CUDA_CHECK(cudaMemcpyAsync(d, slot.ptr, size_t(n), cudaMemcpyHostToDevice, cb->stream()));
-          C10_CUDA_CHECK(cudaEventCreateWithFlags(&read, cudaEventDisableTiming));
-          C10_CUDA_CHECK(cudaEventRecord(read, cb->stream()));
-        } else {
-          C10_CUDA_CHECK(cudaEventSynchronize(landed));
-          std::memcpy(d, slot.ptr, size_t(n));
-        }
-      } catch (...) {
-        // The slot's next writer must still wait for what touched it last: the last leg queued here
-        // (its event, if it got one), else the prior reader this copy did not get to wait for.
-        const cudaEvent_t last = read != nullptr ? read : landed != nullptr ? landed : slot.prior_reader;
-        for (cudaEvent_t e : {slot.prior_reader, landed})
-          if (e != nullptr && e != last && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
-        pool.release(slot.index, last);
-        throw;
-      }
-      if (slot.prior_reader) C10_CUDA_CHECK(cudaEventDestroy(slot.prior_reader));
-      if (landed) C10_CUDA_CHECK(cudaEventDestroy(landed));
-      pool.release(slot.index, read);
-      d += n;
-      s += n;
-      length -= n;
-    }
+    const CUDAStream ca = side_.acquire(src_.index()), cb = side_.acquire(dst_.index());
+    order(*sa_, ca);
+    keep_alive_on(src, ca);
+    order(*sb_, cb);
+    keep_alive_on(dst, cb);
+    copy_device_to_device_staged(dst, src, ca, cb, plan);
+    order(ca, *sa_);  // later work on the source's stream runs after our reads
+    order(cb, *sb_);  // the result is ready for the destination's stream
   }
 
   at::Device src_, dst_;
   bool peer_ = false, sa_capturing_ = false, sb_capturing_ = false;
   c10::optional<CUDAStream> sa_, sb_, hs_;  // hs_: the stream that hashed the source (Sa or a side stream)
   Verify verify_ = Verify::kNone;
+  bool pin_memory_ = true;  // a CPU destination is pinned
   bool on_host_ = false, host_pending_ = false, beside_ = false;
   HostHashes* host_ = nullptr;  // sync results (on_host_)
   HostHashes* pair_ = nullptr;  // deferred: ->src is the source hash, written by the source GPU
