@@ -371,7 +371,8 @@ def main():
     else:
         print("targets: defined for a pair of GPUs; not evaluated here\n")
     # the peer-copy knobs in effect (read by the native library; see peer_overlap.py)
-    result["peer_knobs"] = {k: os.environ.get(k, "default") for k in ("PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS")}
+    result["peer_knobs"] = {k: os.environ.get(k, "default") for k in ("PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS",
+                                                                      "PYXFER_PEER_HASH_GRID", "PYXFER_PEER_RATES")}
     print(" ".join(f"{k}={v}" for k, v in result["peer_knobs"].items()))
     write_json(args.json, result)
 

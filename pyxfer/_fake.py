@@ -22,7 +22,7 @@ def _checksum_combine_fake(partials, num_bytes, seed=0):
 
 
 @torch.library.register_fake("pyxfer::verified_copy")
-def _verified_copy_fake(src, device, route="auto", verify="sync"):
+def _verified_copy_fake(src, device, route="auto", verify="sync", pin_memory=True):
     return torch.empty(src.shape, dtype=src.dtype, device=device)
 
 

@@ -26,3 +26,15 @@ def run_fresh(code: str) -> None:
     r = run_python(_FRESH_PROCESS_HELPERS + code + "\nprint('ok')\n")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["ok"]
+
+
+def pool_workers() -> int:
+    """Threads of this process named as pyxfer's host hashing pool's workers (Linux: /proc)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names.count("pyxfer-host")
