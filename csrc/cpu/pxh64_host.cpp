@@ -14,7 +14,7 @@
 #include "pyxfer/pxh64.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#define PYXFER_HOST_X86 1
+#define PXH64_HOST_X86 1
 // NOTE: GCC 12's AVX-512 headers seed results with _mm512_undefined_*() (`__Y = __Y`), which -Wall reports
 // as uninitialized once inlined (GCC bug 105593): not a defect of this file.
 #pragma GCC diagnostic push
@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else
-#define PYXFER_HOST_X86 0
+#define PXH64_HOST_X86 0
 #endif
 
 namespace pyxfer {
@@ -45,7 +45,7 @@ uint64_t sum_scalar(const uint8_t* p, uint64_t num_bytes, uint64_t word_offset, 
   return s;
 }
 
-#if PYXFER_HOST_X86
+#if PXH64_HOST_X86
 long long ll(uint64_t v) {
   long long r;
   std::memcpy(&r, &v, sizeof(r));
@@ -114,7 +114,7 @@ __attribute__((target("avx512f,avx512dq"))) uint64_t sum_avx512(const uint8_t* p
   const uint64_t s = uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)));
   return s + sum_scalar(p + 8 * j, num_bytes - 8 * j, word_offset + j, seed);
 }
-#endif  // PYXFER_HOST_X86
+#endif  // PXH64_HOST_X86
 
 HostIsa best_supported() {
   if (host_isa_supported(HostIsa::kAvx512)) return HostIsa::kAvx512;
@@ -147,7 +147,7 @@ const char* host_isa_name(HostIsa isa) {
 }
 
 bool host_isa_supported(HostIsa isa) {
-#if PYXFER_HOST_X86
+#if PXH64_HOST_X86
   __builtin_cpu_init();  // NOTE: may run before the library's static initializers
   switch (isa) {
     case HostIsa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
@@ -166,7 +166,7 @@ HostIsa host_hash_isa() {
 }
 
 uint64_t pxh64_host_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed) {
-#if PYXFER_HOST_X86
+#if PXH64_HOST_X86
   const HostIsa isa = host_hash_isa();
   if (isa == HostIsa::kAvx512) return sum_avx512(data, num_bytes, word_offset, seed);
   if (isa == HostIsa::kAvx2) return sum_avx2(data, num_bytes, word_offset, seed);

@@ -650,12 +650,12 @@ def _configure(args, gpus):
                              f"{fmt_size(n)} on {dev}, which has {fmt_size(memory_bytes(dev))}")
     old = read_compare(args.compare) if args.compare is not None else None
     if args.plot:
+        if args.json and os.path.abspath(args.json) == os.path.abspath(args.plot):
+            raise ValueError(f"--json and --plot: expected two files, got {args.plot!r} twice")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("--plot needs matplotlib: pip install 'pyxfer[plot]' (or matplotlib)") from None
-        if args.json and os.path.abspath(args.json) == os.path.abspath(args.plot):
-            raise ValueError(f"--json and --plot: expected two files, got {args.plot!r} twice")
     return sizes, reps, warmup, rows, modes, old
 
 

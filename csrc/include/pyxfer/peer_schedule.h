@@ -20,7 +20,7 @@ constexpr int64_t kSerialPeerBytes = int64_t(1) << 20;
 constexpr int64_t kDefaultFusedPeerBytes = int64_t(64) << 20;  // PYXFER_PEER_FUSED_MIB overrides
 constexpr int64_t kMinPeerChunk = int64_t(4) << 20;           // PYXFER_PEER_CHUNKS overrides
 // Used where no pair was measured yet (a copy captured in a CUDA graph before any eager one): one H100
-// pair's figures (shared/specs/checksum.md, benchmarks/RESULTS.md).
+// pair's figures (benchmarks/RESULTS.md).
 constexpr double kDefaultLinkGBps = 400.0, kDefaultHashGBps = 3000.0;
 
 // The copy-engine pipeline of one pair.
