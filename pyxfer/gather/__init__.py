@@ -42,7 +42,7 @@ Modules, in the order a call uses them: ``plan`` (this rank's input, normalised 
 pure logic), ``layouts`` (per-format gathered layouts and fix-ups), ``exchange`` (collectives,
 streams, buffer lifetimes, fused-mode state, the handle); this module runs the steps.
 
-The differences from Transformer Engine's gather (specs/quantized-formats.md §6.6) are deliberate:
+The differences from Transformer Engine's gather (docs/specs/quantized-formats.md §6.6) are deliberate:
 contiguous fallbacks, async kept in every path, nothing post-processed before the data arrived,
 128x128 gathered quantized, metadata compared across ranks, NVFP4 amax checked, swizzled scales
 unswizzled before gathering, requantization only for quantizable gathered shapes.
