@@ -8,7 +8,7 @@ host rows), measured in the same run on one GPU:
   pageable host -> GPU          verified_copy(p, dev)                  vs p.to(dev) + sync
 
 each verify="sync" and "deferred" (deferred into host memory is synchronous too), and the raw D2H into a
-preallocated pinned buffer for reference. Method: pyxfer._timing.cuda_samples with hold=False (every
+preallocated pinned buffer for reference. Method: pyxfer.tools.timing.cuda_samples with hold=False (every
 call here waits for the GPU): CUDA events on the GPU's current stream around --loop calls, --warmup
 passes first, the median of --reps; GB/s = 1e9 bytes/s of the bytes copied per call. Results are
 checked once, outside the timed region. The host hashing pool in use is printed (host_hash_info).
@@ -21,7 +21,7 @@ import json
 import torch
 
 import pyxfer
-from pyxfer._timing import cuda_samples
+from pyxfer.tools.timing import cuda_samples
 
 
 def main():

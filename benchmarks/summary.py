@@ -1,10 +1,12 @@
 """Short summary of a gpu_check.sh run (reads the JSON and JUnit files it wrote)."""
+import argparse
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-out = Path(sys.argv[1])
+_ap = argparse.ArgumentParser(description=__doc__)
+_ap.add_argument("out", type=Path, help="the directory gpu_check.sh wrote ($OUT)")
+out = _ap.parse_args().out
 rows = []
 for xml in sorted(out.glob("tests*.xml")):  # tests.xml, or tests_<shard>.xml per shard
     suite = ET.parse(xml).getroot()

@@ -43,6 +43,16 @@ def flip_sign_bits(t, step=1, start=0):
     return words.view(torch.uint8)
 
 
+def assert_flipped_except_nans(values, flipped):
+    """values (a CPU tensor) holds ``flipped``'s bytes (flip_sign_bits of the source) at every float
+    that is not NaN: GPU neg / conj kernels may change a NaN's sign and payload."""
+    floats = torch.view_as_real(values) if values.is_complex() else values
+    words = floats.reshape(-1).view({4: torch.int32, 8: torch.int64}[floats.element_size()])
+    want = flipped.view(words.dtype)
+    keep = ~floats.reshape(-1).isnan()
+    assert torch.equal(words[keep], want[keep])
+
+
 MATH_BIT_DST_SCRIPT = textwrap.dedent(r"""
     import torch, pyxfer
     op = torch.ops.pyxfer.sm_copy
