@@ -3,7 +3,8 @@ in chunks, each hashed by the host hashing pool as it lands), GPU -> pageable re
 (through the pinned slots, the next piece queued before the host handles the last), host -> GPU from
 pinned and pageable memory (the source hashed by the pool beside the copy). Exact bytes, every fault kind
 on every leg caught and repaired (sync) or reported (deferred), the hashes reported exactly, streams, the
-pin_memory option, failures of the host legs' waits, a pool without workers. One GPU (cuda:0)."""
+pin_memory option, failures of the host legs' waits, a pool without workers. One GPU (cuda:0); the staged
+GPU -> GPU copy behind held streams needs two."""
 import threading
 
 import pytest
@@ -149,36 +150,95 @@ def test_reported_hashes_are_the_checksums_of_both_ends(src_dev, dst_dev, pinned
             pyxfer.health.reset()
 
 
-def test_the_copy_to_the_host_follows_the_work_queued_before_it(gen):
+# Copies behind a held stream: a long kernel first on the current stream(s), so every leg the copy queues waits
+# behind it (~25 ms) while the host goes on; slot configurations from the default to far more pieces than slots
+# (a slot is taken again while the H2D out of it, or the D2H into it, is still queued behind the held stream).
+HELD = 50_000_000  # cycles of torch.cuda._sleep: tens of milliseconds, far longer than any host leg here
+HELD_SIZES = [4099, (3 << 20) + 5, (24 << 20) + 3]
+SLOT_CONFIGS = [(8 << 20, 4), (1 << 20, 2), (64 << 10, 3)]  # (chunk_bytes, num_slots): 4 to 385 pieces
+
+
+@pytest.mark.parametrize("slots", SLOT_CONFIGS)
+def test_the_copy_to_the_host_follows_the_work_queued_before_it(slots, gen):
     # the source is written on a side stream made current (a long kernel first): the copy must see the
     # write, and a write queued after the call must not reach the result
-    n = (24 << 20) + 7
+    pyxfer.configure_staging(*slots)
     stream = torch.cuda.Stream(0)
-    for pin_memory in (True, False):
-        for route in ("direct", "staged"):
+    for n in HELD_SIZES:
+        for pin_memory in (True, False):
+            for route in ("direct", "staged"):
+                for verify in ("sync", "deferred", "none"):
+                    src = source(GPU, n, gen, pinned=False)
+                    fresh = source(GPU, n, gen, pinned=False)
+                    want = fresh.cpu()
+                    torch.cuda.synchronize()  # both made on the default stream
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(HELD)
+                        src.copy_(fresh)
+                        out = pyxfer.verified_copy(src, "cpu", route=route, verify=verify, pin_memory=pin_memory)
+                        src.zero_()
+                    # a result in host memory is complete when the call returns: compared before any sync
+                    assert torch.equal(out, want), (n, pin_memory, route, verify)
+                    torch.cuda.synchronize()
+    pyxfer.check_transfers()
+
+
+@pytest.mark.parametrize("slots", SLOT_CONFIGS)
+def test_host_to_gpu_result_is_ready_on_the_current_stream(slots, gen):
+    # The result is read back on the held stream itself (a clone queued there), then that stream is waited
+    # for. NOTE: reading it outside the `with` block (out.sum().item(), out.cpu()) runs on the default stream,
+    # which does not wait for torch's streams (created non-blocking): it may read before the copy landed.
+    pyxfer.configure_staging(*slots)
+    stream = torch.cuda.Stream(0)
+    for n in HELD_SIZES:
+        for pinned in (True, False):
+            for route in ("direct", "staged"):
+                for verify in ("sync", "deferred", "none"):
+                    src = source("cpu", n, gen, pinned)  # fresh bytes: a stale destination never matches
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(HELD)
+                        out = pyxfer.verified_copy(src, GPU, route=route, verify=verify)
+                        seen = out.clone()  # on the same stream: sees every byte
+                    stream.synchronize()
+                    assert bytes_equal(seen, src) and bytes_equal(out, src), (n, pinned, route, verify)
+    torch.cuda.synchronize()
+    pyxfer.check_transfers()
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("slots", SLOT_CONFIGS)
+def test_staged_gpu_to_gpu_copy_behind_held_streams_on_both_devices(slots, gen):
+    # cuda:0 -> cuda:1 staged: the source is written behind a long kernel on cuda:0's current stream, and
+    # cuda:1's current stream is held too (every H2D out of a slot waits behind it); the result is read back
+    # on cuda:1's stream, a write of the source queued after the call never reaches it.
+    pyxfer.configure_staging(*slots)
+    s0, s1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
+    for n in HELD_SIZES:
+        for verify in ("sync", "deferred", "none"):
             src = source(GPU, n, gen, pinned=False)
             fresh = source(GPU, n, gen, pinned=False)
-            torch.cuda.synchronize()  # both made on the default stream
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(20_000_000)
-                src.copy_(fresh)
-                out = pyxfer.verified_copy(src, "cpu", route=route, pin_memory=pin_memory)
-                src.zero_()
-            assert bytes_equal(out, fresh), (pin_memory, route)
-            torch.cuda.synchronize()
-
-
-def test_host_to_gpu_result_is_ready_on_the_current_stream(gen):
-    stream = torch.cuda.Stream(0)
-    for pinned in (True, False):
-        for route in ("direct", "staged"):
-            src = source("cpu", (24 << 20) + 3, gen, pinned)
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(20_000_000)
-                out = pyxfer.verified_copy(src, GPU, route=route, verify="deferred")
-                total = out.to(torch.int64).sum()  # on the same stream: sees every byte
-            assert int(total) == int(src.to(torch.int64).sum()), (pinned, route)
-    torch.cuda.synchronize()
+            want = fresh.cpu()
+            torch.cuda.synchronize(0)
+            try:
+                with torch.cuda.device(1):
+                    torch.cuda.set_stream(s1)  # cuda:1's current stream (it stays current there)
+                    torch.cuda._sleep(HELD)
+                with torch.cuda.device(0):
+                    torch.cuda.set_stream(s0)
+                    torch.cuda._sleep(HELD)
+                    src.copy_(fresh)  # lands after the sleep: the copy must read it
+                    out = pyxfer.verified_copy(src, "cuda:1", route="staged", verify=verify)
+                    src.zero_()  # queued after the call
+                with torch.cuda.device(1):
+                    seen = out.clone()  # on s1: sees every byte
+            finally:
+                with torch.cuda.device(1):
+                    torch.cuda.set_stream(torch.cuda.default_stream(1))
+                with torch.cuda.device(0):
+                    torch.cuda.set_stream(torch.cuda.default_stream(0))
+            s1.synchronize()
+            torch.cuda.synchronize(0)
+            assert bytes_equal(seen, want) and bytes_equal(out, want), (n, verify)
     pyxfer.check_transfers()
 
 
