@@ -6,7 +6,9 @@ and staged copies). Plus PXH64 checksum throughput on every device.
 
 Modes:
   ce                 torch's copy_ of contiguous bytes: the driver's copy engine (cudaMemcpyAsync)
-  ce_bidir           ce in both directions at once (two streams; GB/s counts both directions' bytes)
+  ce_bidir           ce in both directions at once, each direction issued from its own GPU on streams of its
+                     own on both GPUs, nothing ordering one direction after the other (nvbandwidth's
+                     bidirectional tests); GB/s is the total of both directions (nvbandwidth's "Total")
   sm_pull            pyxfer's copy kernel (torch.ops.pyxfer.sm_copy: 16-byte loads and stores, one
                      wave of blocks) on the destination GPU, reading the source's memory; GPU pairs
                      with peer access (the way pyxfer's verified peer copies move data)
@@ -25,26 +27,44 @@ sync, staged) cannot be held: they are timed from an idle stream ("held": false 
 rows: wall clock. GB/s is 1e9 bytes per second of the bytes copied per call (ce_bidir: both
 directions' bytes). After every point the destination is checked with PXH64 on its own device,
 outside the timed region: a pair that writes wrong bytes is reported "corrupt" and the bench carries
-on. Latency: one 8-byte copy between events on an idle stream (issue + copy), median.
+on. Each point's spread is its coefficient of variation (CV: standard deviation over mean of the
+samples), printed beside the median; points above 5% are listed as warnings.
+
+Latency, per row (kinds): "ce" and "sm", as the GPU sees it: 100 8-byte copies (copy_; the copy
+kernel, pulling between GPUs) queued back to back behind a held stream, timed by events, per copy;
+"chase", one load: the source GPU walks a 2 MiB ring of random pointers in the destination's memory
+(torch.ops.pyxfer.pointer_chase, one dependent load per hop; nvbandwidth's SM latency; GPU pairs
+with peer access and GPU-local rows; the CPU walks host memory without GPUs); "host_call", the
+host's round trip of one call: one 8-byte copy issued from an idle stream and waited for (the host's
+cost, not the link's latency).
+
+Without a GPU (CPU mode): the preset's sizes stop at 64 MiB (peak memory under 2 GB), the copies run
+on 1 torch thread (--threads), and a host memcpy (ce) slower than staged, or under 1 GB/s at 1 MiB
+and up, is warned about as implausible (CPU threads contended).
 
 The method check times torch's copy_ in the simplest correct way (20 back-to-back copies between
 two events from an idle stream) at the largest size on host <-> GPU and GPU-local rows, and reports
 bench's ce figure over it (1.00 = the harness adds nothing and loses nothing).
 
---json PATH writes one document, schema "pyxfer.bench", version 2 (version 1 had one "sm" mode, torch's
-copy kernel pushing; --compare reads version 1 documents too, their "sm" points match nothing):
+--json PATH writes one document, schema "pyxfer.bench", version 3 (version 2 had one latency figure
+per row and no CV, and its ce_bidir serialized the two directions between GPUs; version 1 had one "sm"
+mode, torch's copy kernel pushing; --compare reads versions 1 and 2 too, version 1's "sm" points match
+nothing):
   schema, schema_version, created (UTC ISO 8601), argv, gpu (bool), machine (host, platform, python,
   torch, torch_cuda, nccl, driver, nvidia_driver (NVML's; null without pyxfer[nvml]), gpus [{index, name,
   uuid, capability, memory_gib, sms}], peer_access [[bool|null]], pyxfer, build, threads, env),
-  method {description, warmup, reps, units}, config {sizes [int], matrix_size, modes [str], rows [[src, dst]]},
-  results [{src, dst, mode, bytes, gbps|null, median_ms, min_ms, max_ms, reps, loop, held,
+  method {description, warmup, reps, units},
+  config {sizes [int], matrix_size, modes [str], rows [[src, dst]], threads (torch threads of the measurement)},
+  results [{src, dst, mode, bytes, gbps|null, median_ms, min_ms, max_ms, cv, reps, loop, held,
             check: "ok"|"corrupt"|"error", detail}],
   ratios [{src, dst, bytes, ratio: "verified/ce"|"staged/ce", value}],
-  latency [{src, dst, bytes, median_us|null, min_us, max_us, detail}] (null and detail: the row failed),
+  latency [{src, dst, kind: "ce"|"sm"|"chase"|"host_call", bytes (the ring's for chase), median_us|null,
+            min_us, max_us, cv, detail}] (null and detail: the figure failed; a row lacks the kinds it has not),
   checksum [{device, bytes, gbps, median_ms, min_ms, max_ms}],
   method_check [{src, dst, bytes, bench_gbps, torch_gbps, ratio}],
   corrupt [{src, dst, mode, bytes, detail}],
-  compare: null | {old, threshold, slower [{src, dst, mode, bytes, old_gbps, new_gbps, ratio}]}
+  compare: null | {old, threshold, slower [{src, dst, mode, bytes, old_gbps, new_gbps, ratio}]},
+  warnings [str] (implausible CPU figures, points whose CV is above 5%)
 Exit code 1 when a destination was wrong or --compare flagged a slowdown; 2 for a bad option (every
 option, the --compare document and the outputs' paths are checked before anything is measured) or
 for an output that could not be written after the run (the run is then saved in a new file of the
@@ -62,21 +82,38 @@ import time
 import torch
 
 from .._devices import as_device
-from .timing import Samples, cpu_samples, cuda_samples, fmt_gbps, fmt_size
+from .timing import Samples, cpu_samples, cuda_samples, fmt_gbps, fmt_size, stream_samples
 
 __all__ = ["MODES", "PRESETS", "SCHEMA", "SCHEMA_VERSION", "run", "validate", "compare", "parse_rows", "parse_modes",
            "plan_points"]
 
-SCHEMA, SCHEMA_VERSION = "pyxfer.bench", 2
-_OLD_MODES = {1: ("ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred")}  # what --compare reads
+SCHEMA, SCHEMA_VERSION = "pyxfer.bench", 3
 MODES = ("ce", "ce_bidir", "sm_pull", "sm_push", "staged", "verified", "verified_deferred")
+# what --compare reads (version 2 had these modes; its ce_bidir serialized the two directions)
+_OLD_MODES = {1: ("ce", "ce_bidir", "sm", "staged", "verified", "verified_deferred"), 2: MODES}
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PRESETS = {
     "quick": {"sizes": [4 * KiB, MiB, 64 * MiB], "reps": 5, "warmup": 2},
     "full": {"sizes": [4 * KiB << (2 * i) for i in range(10)], "reps": 20, "warmup": 3},  # 4 KiB ... 1 GiB
 }
 LATENCY_BYTES = 8
+# Latency figures per row: "ce" and "sm" the GPU's view (LATENCY_LOOP 8-byte copies queued behind a held
+# stream, timed by events, per copy: torch's copy_ / the copy kernel, pulling between GPUs); "chase" one
+# dependent load by the source GPU from the destination's memory (pointer_chase over a CHASE_BYTES ring,
+# nvbandwidth's SM latency; GPU pairs with peer access, GPU-local, and host memory on a CPU-only run);
+# "host_call" the host's view (one 8-byte copy from an idle stream: issue + copy, what a lone call waits).
+LATENCY_KINDS = ("ce", "sm", "chase", "host_call")
+LATENCY_LOOP = 100
+CHASE_BYTES, CHASE_HOPS = 2 * MiB, 20_000
 HOST_ENDPOINTS = ("pinned", "pageable", "cpu")
+MAX_WARNINGS_PRINTED = 12
+CV_WARN = 0.05  # points whose times spread more than this (coefficient of variation) are flagged
+CPU_CE_FLOOR_GBPS = 1.0  # a host memcpy of 1 MiB and up below this is contention, not the machine
+# Without a GPU: preset sizes above CPU_MAX_BYTES are dropped, so a default run peaks below 2 GB of memory
+# (about 5 x the largest size: random data, source, destination, the verified copy's and the staging's
+# buffers; plus torch); the measurement runs on CPU_THREADS torch threads unless --threads says otherwise.
+CPU_MAX_BYTES = 64 * MiB
+CPU_THREADS = 1
 
 
 # ---- rows and buffers
@@ -187,9 +224,7 @@ class _Point:
             if mode == "ce_bidir":
                 self.back_src = _buffer(dst, n, data=data_gpu)
                 self.back_out = _buffer(src, n, fill=0xC3)
-                # Issued by the GPU the back copy leaves (as nvbandwidth does: each direction from its
-                # own GPU); for host rows that is the pair's one GPU.
-                self.side = torch.cuda.Stream(device=self.anchor if _is_host(dst) or _is_host(src) else _device(dst))
+                self.fwd_streams, self.back_streams = _direction_streams(src, dst), _direction_streams(dst, src)
                 self.checks.append(lambda: (self.back_out, self.back_src))
             if mode == "ce_bidir":
                 self.fn = self._bidir
@@ -211,14 +246,22 @@ class _Point:
         self.out = out
 
     def _bidir(self, _):
+        """One copy each way, each direction on its own streams (nvbandwidth's way: each from its own GPU,
+        nothing between the two directions). torch's copy between GPUs runs on the source GPU's current
+        stream and puts a two-way barrier between it and the destination GPU's current stream; with one
+        current stream per GPU shared by both directions, the back copy waited for the forward one (run Q:
+        394 GB/s two-way where nvbandwidth reads 781). So each direction makes its own streams current on
+        both of its GPUs, and the anchor stream (held, timed by the events) is joined only by events."""
         anchor = torch.cuda.current_stream()
-        # Held with the anchor stream (it waits before the forward copy is queued, so the directions
-        # overlap: run P waited after it and serialized them, measuring one-way bandwidth)
-        self.side.wait_stream(anchor)
-        self.out.copy_(self.data, non_blocking=True)
-        with torch.cuda.stream(self.side):
+        fwd, back = self.fwd_streams[0], self.back_streams[0]  # the streams the copies run on
+        fwd.wait_stream(anchor)
+        back.wait_stream(anchor)
+        with _current(self.fwd_streams):
+            self.out.copy_(self.data, non_blocking=True)
+        with _current(self.back_streams):
             self.back_out.copy_(self.back_src, non_blocking=True)
-        anchor.wait_stream(self.side)
+        anchor.wait_stream(fwd)
+        anchor.wait_stream(back)
 
     @property
     def anchor(self):
@@ -242,14 +285,8 @@ class _Point:
     def measure(self, loop, warmup, reps) -> Samples:
         if self.anchor is None:
             return cpu_samples(self.fn, None, warmup=warmup, reps=reps, inner=loop)
-        inputs = [None] * loop
-        if self.can_hold:
-            try:
-                return cuda_samples(self.fn, inputs, warmup=warmup, reps=reps, device=self.anchor, hold=True)
-            except RuntimeError as e:
-                if "outlasts a 2 s spin" not in str(e):
-                    raise
-        return cuda_samples(self.fn, inputs, warmup=warmup, reps=reps, device=self.anchor, hold=False)
+        return stream_samples(self.fn, [None] * loop, warmup=warmup, reps=reps, device=self.anchor,
+                              hold=self.can_hold)
 
     def check(self):
         """("ok" | "corrupt", detail): each destination's PXH64 on its own device against its source's."""
@@ -270,6 +307,22 @@ class _Point:
                 bad.append(f"{out.device}: PXH64 {got:#018x}, source {want:#018x}; {len(wrong)} wrong bytes, "
                            f"the first at offset {int(wrong[0]) if len(wrong) else '?'}")
         return ("corrupt", "; ".join(bad)) if bad else ("ok", "")
+
+
+def _direction_streams(src, dst):
+    """New streams for one direction of a two-way copy: the first, the copying GPU's (the source's; the
+    GPU of a host row), where torch issues the copy; then one on the destination GPU of a GPU pair."""
+    gpus = [_device(e) for e in (src, dst) if not _is_host(e)]
+    return [torch.cuda.Stream(device=g) for g in dict.fromkeys(gpus)]
+
+
+@contextlib.contextmanager
+def _current(streams):
+    """Make each of ``streams`` its GPU's current stream (torch.cuda.stream sets one GPU's only)."""
+    with contextlib.ExitStack() as stack:
+        for st in streams:
+            stack.enter_context(torch.cuda.stream(st))
+        yield
 
 
 def _loop(n):
@@ -336,7 +389,7 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
             _reset_after_error()
         for src, dst, mode in plan:
             entry = {"src": src, "dst": dst, "mode": mode, "bytes": n, "gbps": None, "median_ms": None,
-                     "min_ms": None, "max_ms": None, "reps": 0, "loop": _loop(n), "held": False,
+                     "min_ms": None, "max_ms": None, "cv": None, "reps": 0, "loop": _loop(n), "held": False,
                      "check": "error", "detail": failed}
             point = None  # set once its buffers exist: a setup that raises is reported like a failing call
             try:
@@ -345,7 +398,7 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
                     s = point.measure(_loop(n), warmup, reps)
                     _sync_all()
                     entry.update(gbps=round(s.gbps(point.moved), 3), median_ms=s.median_ms, min_ms=s.min_ms,
-                                 max_ms=s.max_ms, reps=s.reps, held=s.held)
+                                 max_ms=s.max_ms, cv=round(s.cv, 4), reps=s.reps, held=s.held)
                     entry["check"], entry["detail"] = point.check()
             except Exception as e:  # noqa: BLE001  (a failing pair is reported; the bench carries on)
                 entry["detail"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -371,24 +424,84 @@ def measure_all(rows, modes, sizes, *, reps, warmup, progress=True):
         del data
     small = _gpu_data(LATENCY_BYTES, gen_device)
     for src, dst in rows:
-        entry = {"src": src, "dst": dst, "bytes": LATENCY_BYTES, "median_us": None, "min_us": None, "max_us": None,
-                 "detail": ""}
-        try:
-            s = _Point(src, dst, "ce", LATENCY_BYTES, small)
-            if s.anchor is None:
-                t = cpu_samples(s.fn, None, warmup=warmup, reps=reps, inner=1000)
-            else:
-                t = cuda_samples(s.fn, [None], warmup=warmup, reps=max(reps, 20), device=s.anchor, hold=False)
-            entry.update(median_us=t.median_ms * 1e3, min_us=t.min_ms * 1e3, max_us=t.max_ms * 1e3)
-        except Exception as e:  # noqa: BLE001  (as for the bandwidth points: reported, the bench carries on)
-            entry["detail"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            _reset_after_error()
-        latency.append(entry)
+        for kind in LATENCY_KINDS:
+            entry = {"src": src, "dst": dst, "kind": kind, "bytes": LATENCY_BYTES if kind != "chase" else CHASE_BYTES,
+                     "median_us": None, "min_us": None, "max_us": None, "cv": None, "detail": ""}
+            try:
+                t, scale = _latency(src, dst, kind, small, warmup, reps)
+                if t is None:
+                    continue  # this row has no such latency (see LATENCY_KINDS)
+                entry.update(median_us=t.median_ms * scale, min_us=t.min_ms * scale, max_us=t.max_ms * scale,
+                             cv=round(t.cv, 4))
+            except Exception as e:  # noqa: BLE001  (as for the bandwidth points: reported, the bench carries on)
+                entry["detail"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                _reset_after_error()
+            latency.append(entry)
         bar.step(f"latency {src}->{dst}")
     if gpus:
         method = _method_check(rows, results, max(sizes), warmup, reps)
     bar.close()
     return results, latency, sums, method
+
+
+def chase_ring(num_nodes, generator=None):
+    """(ring, order): a ring of ``num_nodes`` int64 node indices that is one random cycle through every
+    node (ring[i] is the node after i; random, so no prefetcher guesses the next load), and the cycle's
+    order from node 0 (order[k] is the node reached after k hops)."""
+    order = torch.cat([torch.zeros(1, dtype=torch.int64),
+                       torch.randperm(num_nodes - 1, generator=generator, dtype=torch.int64) + 1])
+    ring = torch.empty(num_nodes, dtype=torch.int64)
+    ring[order] = order.roll(-1)
+    return ring, order
+
+
+def chase(src, dst, ring, order, hops, warmup, reps):
+    """Samples of ``src`` (a GPU; the CPU without GPUs) walking ``hops`` hops of ``ring`` (chase_ring) put in
+    ``dst``'s memory, each walk from an idle stream. Raises RuntimeError when a walk ends on another node
+    than ``order`` says (the ring's memory read back wrong)."""
+    ring = ring.to(_device(dst))
+    got = []
+
+    def walk(_):
+        got.append(torch.ops.pyxfer.pointer_chase(ring, hops, _device(src)))
+    if src == "cpu":
+        t = cpu_samples(walk, None, warmup=warmup, reps=reps)
+    else:
+        t = cuda_samples(walk, [None], warmup=warmup, reps=reps, device=_device(src), hold=False)
+    want = int(order[hops % len(order)])
+    if bad := [int(g) for g in got if int(g) != want]:
+        raise RuntimeError(f"pointer chase {src} -> {dst}: {len(bad)} of {len(got)} walks ended on node {bad[0]}, "
+                           f"expected {want}: the ring's memory read back wrong")
+    return t
+
+
+def _latency(src, dst, kind, small, warmup, reps):
+    """(Samples, microseconds per sample millisecond) of one latency figure (LATENCY_KINDS), or (None, 0)
+    where the row has none. Raises RuntimeError when a pointer chase ends on the wrong node."""
+    if kind == "host_call":  # the host's view: one call from an idle stream, issue and copy
+        p = _Point(src, dst, "ce", LATENCY_BYTES, small)
+        if p.anchor is None:
+            return cpu_samples(p.fn, None, warmup=warmup, reps=reps, inner=1000), 1e3
+        return cuda_samples(p.fn, [None], warmup=warmup, reps=max(reps, 20), device=p.anchor, hold=False), 1e3
+    gpu_pair = not _is_host(src) and not _is_host(dst)
+    if kind == "chase":
+        if src != "cpu" and not (gpu_pair and _peer(src, dst)):
+            return None, 0
+        # nvbandwidth's device_to_device_latency_sm: the row's GPU walks a 2 MiB ring in the column's memory
+        ring, order = chase_ring(CHASE_BYTES // 8)
+        hops = CHASE_HOPS if src != "cpu" else 100 * CHASE_HOPS
+        return chase(src, dst, ring, order, hops, warmup, reps), 1e3 / hops
+    # the GPU's view: LATENCY_LOOP copies queued back to back behind a held stream, timed by events, per copy
+    if src == "cpu":
+        return None, 0
+    mode = "ce" if kind == "ce" else "sm_pull" if gpu_pair and src != dst else "sm_push"
+    if mode != "ce" and not (gpu_pair and _peer(src, dst)):
+        return None, 0
+    p = _Point(src, dst, mode, LATENCY_BYTES, small)
+    if not p.can_hold:  # pageable memory: the host waits for each copy; only its host_call figure means anything
+        return None, 0
+    return cuda_samples(p.fn, [None] * LATENCY_LOOP, warmup=warmup, reps=max(reps, 20), device=p.anchor,
+                        hold=True), 1e3
 
 
 def _reset_after_error():
@@ -416,6 +529,41 @@ def _method_check(rows, results, n, warmup, reps):
         torch_gbps = s.gbps(n)
         out.append({"src": src, "dst": dst, "bytes": n, "bench_gbps": mine["gbps"], "torch_gbps": round(torch_gbps, 3),
                     "ratio": round(mine["gbps"] / torch_gbps, 4)})
+    return out
+
+
+def spread_warnings(results, latency, limit=CV_WARN):
+    """A line per point whose coefficient of variation is above ``limit``: its median is not a steady figure."""
+    out = []
+    for r in results:
+        if r.get("cv") is not None and r["cv"] > limit:
+            out.append(f"spread: {r['src']} -> {r['dst']} {r['mode']} {fmt_size(r['bytes'])}: CV {r['cv']:.1%} "
+                       f"(above {limit:.0%}): the median {fmt_gbps(r['gbps'])} GB/s is not a steady figure")
+    for r in latency:
+        if r.get("cv") is not None and r["cv"] > limit:
+            out.append(f"spread: latency {r['kind']} {r['src']} -> {r['dst']}: CV {r['cv']:.1%} (above {limit:.0%})")
+    return out
+
+
+def plausibility(results, floor=CPU_CE_FLOOR_GBPS):
+    """Warnings on host memcpy rows (cpu -> cpu) that cannot be the machine's real speed: ``ce`` (torch's
+    copy_, one memcpy) below ``staged`` (which does more work) or below ``floor`` GB/s at 1 MiB and up.
+    Both mean the copy's CPU threads were contended (other processes on the cores, or more torch threads
+    than free cores): torch's parallel copy then waits on threads that do not run."""
+    by = {(r["src"], r["dst"], r["mode"], r["bytes"]): r["gbps"] for r in results}
+    why = ("CPU threads contended (other processes on these cores, or more threads than free cores); rerun on an "
+           "idle machine or with --threads 1")
+    out = []
+    for (src, dst, mode, n), ce in by.items():
+        if src != "cpu" or mode != "ce" or ce is None:
+            continue
+        staged = by.get((src, dst, "staged", n))
+        if staged is not None and ce < staged:
+            out.append(f"implausible: {src} -> {dst} ce {fmt_gbps(ce)} GB/s below staged {fmt_gbps(staged)} GB/s at "
+                       f"{fmt_size(n)} (a plain copy slower than one that does more): {why}")
+        elif n >= MiB and ce < floor:
+            out.append(f"implausible: {src} -> {dst} ce {fmt_gbps(ce)} GB/s at {fmt_size(n)}, below {floor} GB/s (any "
+                       f"machine's memcpy is faster): {why}")
     return out
 
 
@@ -451,12 +599,30 @@ def _print_matrix(title, values, rows, fmt, out):
     srcs, dsts, cells = matrix(values, rows)
     if all(v is None for row in cells for v in row):
         return
-    width = max(8, *(len(d) + 1 for d in dsts))
+    text = [["-" if v is None else fmt(v) for v in row] for row in cells]
+    width = max(8, *(len(d) + 1 for d in dsts), *(len(t) + 2 for row in text for t in row))
     print(title, file=out)
     print(" " * 10 + "".join(f"{d:>{width}}" for d in dsts), file=out)
-    for s, row in zip(srcs, cells):
-        print(f"{s:>10}" + "".join(f"{'-' if v is None else fmt(v):>{width}}" for v in row), file=out)
+    for s, row in zip(srcs, text):
+        print(f"{s:>10}" + "".join(f"{t:>{width}}" for t in row), file=out)
     print(file=out)
+
+
+LATENCY_TITLES = {
+    "ce": f"latency as the GPU sees it, us per copy: {LATENCY_BYTES}-byte copy_ (copy engine) queued back to back "
+          f"behind a held stream, timed by events (median and CV)",
+    "sm": f"latency as the GPU sees it, us per copy: {LATENCY_BYTES}-byte copy kernel (sm_pull between GPUs), queued "
+          f"behind a held stream, timed by events",
+    "chase": "latency of one load, us: the row's GPU (the CPU without GPUs) chasing pointers through a "
+             f"{CHASE_BYTES >> 20} MiB ring in the column's memory (nvbandwidth's SM latency)",
+    "host_call": f"host round trip of one call, us: one {LATENCY_BYTES}-byte copy issued from an idle stream and "
+                 f"waited for (what a lone call costs the host; not the link's latency)",
+}
+
+
+def _fmt_cv(fmt):
+    """A cell formatter of (median, cv): "395 0.3%" (the CV beside the median)."""
+    return lambda v: fmt(v[0]) + ("" if v[1] is None else f" {v[1]:.1%}")
 
 
 def print_results(doc, out=None):
@@ -468,15 +634,17 @@ def print_results(doc, out=None):
     if not doc["gpu"]:
         print("no CUDA GPU visible: measuring host memcpy, checksum and CPU verified / staged copies only", file=out)
     for mode in doc["config"]["modes"]:
-        vals = {(r["src"], r["dst"]): r["gbps"] for r in results if r["mode"] == mode and r["bytes"] == n}
-        _print_matrix(f"{mode} GB/s at {fmt_size(n)}", vals, rows, fmt_gbps, out)
+        vals = {(r["src"], r["dst"]): (r["gbps"], r.get("cv")) for r in results if r["mode"] == mode and r["bytes"] == n
+                and r["gbps"] is not None}
+        _print_matrix(f"{mode} GB/s at {fmt_size(n)}, median and its CV", vals, rows, _fmt_cv(fmt_gbps), out)
     for name in ("verified/ce", "staged/ce"):
         vals = {(r["src"], r["dst"]): r["value"] for r in doc["ratios"] if r["ratio"] == name}
         _print_matrix(f"{name} at {fmt_size(n)} (1.00 = as fast as the raw copy)", vals, rows,
                       lambda v: f"{v:.2f}", out)
-    vals = {(r["src"], r["dst"]): r["median_us"] for r in doc["latency"]}
-    _print_matrix(f"latency, us: one {LATENCY_BYTES}-byte copy from an idle stream (median)", vals, rows,
-                  lambda v: f"{v:.1f}", out)
+    for kind, title in LATENCY_TITLES.items():
+        vals = {(r["src"], r["dst"]): (r["median_us"], r.get("cv")) for r in doc["latency"]
+                if r.get("kind", "host_call") == kind and r["median_us"] is not None}
+        _print_matrix(title, vals, rows, _fmt_cv(lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}"), out)
     sizes = doc["config"]["sizes"]
     if len(sizes) > 1:
         print("size sweep, GB/s", file=out)
@@ -498,6 +666,12 @@ def print_results(doc, out=None):
         print(f"CORRUPT {r['src']} -> {r['dst']} {r['mode']} {fmt_size(r['bytes'])}: {r['detail']}", file=out)
     for r in errors:
         print(f"error {r['src']} -> {r['dst']} {r['mode']} {fmt_size(r['bytes'])}: {r['detail']}", file=out)
+    warnings = doc.get("warnings", [])
+    for w in warnings[:MAX_WARNINGS_PRINTED]:
+        print(f"WARNING {w}", file=out)
+    if len(warnings) > MAX_WARNINGS_PRINTED:
+        print(f"... and {len(warnings) - MAX_WARNINGS_PRINTED} more warnings (the JSON's \"warnings\" lists all)",
+              file=out)
     cmp = doc.get("compare")
     if cmp:
         print(f"compared with {cmp['old']}: {len(cmp['slower'])} points slower by more than "
@@ -507,10 +681,19 @@ def print_results(doc, out=None):
                   f"{r['new_gbps']:.2f} GB/s ({r['ratio']:.2f}x)", file=out)
 
 
+def _text_color(rgba):
+    """Black or white, whichever reads better on ``rgba`` (its relative luminance, WCAG's weights)."""
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return "black" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "white"
+
+
 def plot(doc, path):
     """PNG heatmaps of every mode's GB/s and of the verified/ce and staged/ce ratios at the matrix size,
     on shared color scales (every GB/s panel 0 to the largest GB/s; the ratios 0 to 1 or above), so
-    that equal colors mean equal figures across panels. Raises RuntimeError when matplotlib is not
+    that equal colors mean equal figures across panels; cell values in black or white by the cell's
+    luminance, panels and fonts sized by the matrix (1x1 ... 9x9 and more stay readable); and, where
+    the run has more than one size, a size-sweep panel (each mode's median GB/s over its rows against
+    the size, the band from the slowest to the fastest row). Raises RuntimeError when matplotlib is not
     installed."""
     try:
         import matplotlib
@@ -523,32 +706,66 @@ def plot(doc, path):
     for mode in doc["config"]["modes"]:
         vals = {(r["src"], r["dst"]): r["gbps"] for r in doc["results"] if r["mode"] == mode and r["bytes"] == n}
         if any(v is not None for v in vals.values()):
-            panels.append((f"{mode} GB/s", vals, "{:.1f}", "gbps"))
+            panels.append((f"{mode} GB/s", vals, fmt_gbps, "gbps"))
     for name in ("verified/ce", "staged/ce"):
         vals = {(r["src"], r["dst"]): r["value"] for r in doc["ratios"] if r["ratio"] == name}
         if vals:
-            panels.append((name, vals, "{:.2f}", "ratio"))
+            panels.append((name, vals, "{:.2f}".format, "ratio"))
+    sizes = doc["config"]["sizes"]
+    sweep = len(sizes) > 1 and any(r["gbps"] is not None for r in doc["results"])
     top = {"gbps": 0.0, "ratio": 1.0}
     for _, vals, _, kind in panels:
         top[kind] = max([top[kind]] + [v for v in vals.values() if v is not None])
-    cols = min(3, max(1, len(panels)))
-    nrows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.8 * nrows), squeeze=False)
+    srcs, dsts, _ = matrix({}, rows)
+    cells = max(len(srcs), len(dsts))
+    side = max(3.6, 1.6 + 0.62 * cells)  # inches per panel: the cells grow with the matrix, the fonts fit them
+    font = max(7.5, min(11.0, 60.0 / cells))
+    count = len(panels) + sweep
+    cols = min(3, max(1, count))
+    nrows = (count + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(side * cols + 1.2, side * nrows + 0.8), squeeze=False)
+    cmap = plt.get_cmap("viridis")
     for ax, (title, vals, fmt, kind) in zip(axes.flat, panels):
-        srcs, dsts, cells = matrix(vals, rows)
-        grid = [[float("nan") if v is None else v for v in row] for row in cells]
-        im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=top[kind] or 1.0)
-        ax.set_xticks(range(len(dsts)), dsts, rotation=45, ha="right")
-        ax.set_yticks(range(len(srcs)), srcs)
+        srcs, dsts, cells_ = matrix(vals, rows)
+        grid = [[float("nan") if v is None else v for v in row] for row in cells_]
+        vmax = top[kind] or 1.0
+        im = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax)
+        ax.set_xticks(range(len(dsts)), dsts, rotation=45, ha="right", rotation_mode="anchor", fontsize=font)
+        ax.set_yticks(range(len(srcs)), srcs, fontsize=font)
         ax.set_xlabel("destination")
         ax.set_ylabel("source")
-        ax.set_title(f"{title} ({fmt_size(n)})")
-        for i, row in enumerate(cells):
+        ax.set_title(f"{title} ({fmt_size(n)})", fontsize=10)
+        for i, row in enumerate(cells_):
             for j, v in enumerate(row):
                 if v is not None:
-                    ax.text(j, i, fmt.format(v), ha="center", va="center", color="w", fontsize=8)
+                    ax.text(j, i, fmt(v), ha="center", va="center", fontsize=font,
+                            color=_text_color(cmap(min(v, vmax) / vmax)))
         fig.colorbar(im, ax=ax, shrink=0.8)
-    for ax in list(axes.flat)[len(panels):]:
+    if sweep:
+        ax = list(axes.flat)[len(panels)]
+        for mode in doc["config"]["modes"]:
+            xs, mids, lows, highs = [], [], [], []
+            for z in sizes:
+                v = sorted(r["gbps"] for r in doc["results"] if r["mode"] == mode and r["bytes"] == z and r["gbps"])
+                if v:
+                    xs.append(z)
+                    mids.append(v[len(v) // 2])
+                    lows.append(v[0])
+                    highs.append(v[-1])
+            if xs:
+                line, = ax.plot(xs, mids, marker="o", markersize=3, label=mode)
+                ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [fmt_size(z).replace(" ", "") for z in sizes], rotation=45, ha="right",
+                      rotation_mode="anchor", fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("bytes per copy")
+        ax.set_ylabel("GB/s (median over rows; band: slowest to fastest row)")
+        ax.set_title("size sweep", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[count:]:
         ax.axis("off")
     gpus = doc["machine"]["gpus"]
     fig.suptitle(f"pyxfer bench: {gpus[0]['name'] + ' x' + str(len(gpus)) if gpus else 'no GPU'}, {doc['created']}")
@@ -582,7 +799,7 @@ def validate(doc, *, older=False):
         raise ValueError(f"{SCHEMA} schema_version {version!r}, expected {' or '.join(map(str, known))}")
     modes = MODES if version == SCHEMA_VERSION else _OLD_MODES[version]
     for key in ("created", "machine", "method", "config", "results", "ratios", "latency", "checksum",
-                "method_check", "corrupt"):
+                "method_check", "corrupt") + (("warnings",) if version == SCHEMA_VERSION else ()):
         if key not in doc:
             raise ValueError(f"{SCHEMA} document without {key!r}")
     if not isinstance(doc["results"], list):
@@ -630,6 +847,12 @@ def _configure(args, gpus):
 
     preset = PRESETS[args.preset]
     sizes = sorted(set(args.sizes or preset["sizes"]))
+    if not gpus and not args.sizes:  # the CPU mode's memory bound (CPU_MAX_BYTES); --sizes is taken as given
+        sizes = [n for n in sizes if n <= CPU_MAX_BYTES]
+    threads = getattr(args, "threads", None)
+    threads = threads if threads is not None else None if gpus else CPU_THREADS
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
     reps = args.reps if args.reps is not None else preset["reps"]
     warmup = args.warmup if args.warmup is not None else preset["warmup"]
     if reps < 1 or warmup < 0:
@@ -656,7 +879,7 @@ def _configure(args, gpus):
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("--plot needs matplotlib: pip install 'pyxfer[plot]' (or matplotlib)") from None
-    return sizes, reps, warmup, rows, modes, old
+    return sizes, reps, warmup, rows, modes, old, threads
 
 
 def _write_json(doc, path):
@@ -699,15 +922,24 @@ def run(args) -> int:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        sizes, reps, warmup, rows, modes, old = _configure(args, gpus)
+        sizes, reps, warmup, rows, modes, old, threads = _configure(args, gpus)
     except ValueError as e:
         print(f"pyxfer bench: {e}", file=sys.stderr)
         return 2
     if not gpus:
-        print("pyxfer bench: no CUDA GPU visible: measuring host memcpy, checksum and CPU verified / staged "
-              "copies only", file=sys.stderr)
-    results, latency, sums, method = measure_all(rows, modes, sizes, reps=reps, warmup=warmup,
-                                                 progress=not args.no_progress)
+        print(f"pyxfer bench: no CUDA GPU visible: measuring host memcpy, checksum and CPU verified / staged "
+              f"copies only, on {threads} torch thread(s)" + ("" if args.sizes else
+                                                            f", sizes up to {fmt_size(CPU_MAX_BYTES)}"),
+              file=sys.stderr)
+    before = torch.get_num_threads()
+    try:
+        if threads is not None:  # the copies' own threads: more than free cores makes torch's copy_ wait on them
+            torch.set_num_threads(threads)
+        threads = torch.get_num_threads()  # what the measurement ran on, recorded
+        results, latency, sums, method = measure_all(rows, modes, sizes, reps=reps, warmup=warmup,
+                                                     progress=not args.no_progress)
+    finally:
+        torch.set_num_threads(before)
     n = max(sizes)
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -715,12 +947,13 @@ def run(args) -> int:
            "method": {"description": " ".join(__doc__[__doc__.index("Method"):__doc__.index("--json PATH")].split()),
                       "warmup": warmup, "reps": reps, "units": "GB/s = 1e9 bytes per second; ms per call; us"},
            "config": {"sizes": sizes, "matrix_size": n, "modes": [m for m in MODES if m in modes],
-                      "rows": [list(r) for r in rows]},
+                      "rows": [list(r) for r in rows], "threads": threads},
            "results": results, "ratios": ratios(results, n), "latency": latency, "checksum": sums,
            "method_check": method,
            "corrupt": [{k: r[k] for k in ("src", "dst", "mode", "bytes", "detail")} for r in results
                        if r["check"] == "corrupt"],
-           "compare": None}
+           "compare": None,
+           "warnings": plausibility(results) + spread_warnings(results, latency)}
     if old is not None:
         doc["compare"] = {"old": args.compare, "threshold": args.threshold,
                           "slower": compare(doc, old, args.threshold)}
