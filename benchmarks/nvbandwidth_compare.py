@@ -1,9 +1,9 @@
 """nvbandwidth and `pyxfer bench` on the same rows, in one run, side by side.
 
-Runs NVIDIA's nvbandwidth (--nvbandwidth, default .tools/nvbandwidth/nvbandwidth: see ../shared/tools/README.md
-for the sm_90 build and how it is carried to a GPU machine) on the testcases below, then `pyxfer bench` on
-the rows they share, and prints one line per (row, figure): nvbandwidth's, pyxfer's, their ratio and
-whether they agree within 5%. Writes everything (both tools' raw output too) to --json.
+Runs NVIDIA's nvbandwidth (--nvbandwidth, default .tools/nvbandwidth/nvbandwidth or .tools/nvbandwidth: see
+../shared/tools/README.md for the sm_90 build and how it is carried to a GPU machine) on the testcases below,
+then `pyxfer bench` on the rows they share, and prints one line per (row, figure): nvbandwidth's, pyxfer's,
+their ratio and whether they agree within 5%. Writes everything (both tools' raw output too) to --json.
 
 Rows (nvbandwidth testcase -> pyxfer bench figure; GPU(row) -> GPU(column) unless said):
   CE one way      device_to_device_memcpy_write_ce[i][j]   ce i->j (torch's copy_, issued by the source)
@@ -34,6 +34,8 @@ TESTCASES = ("device_to_device_memcpy_write_ce", "device_to_device_memcpy_read_c
              "host_to_device_bidirectional_memcpy_ce", "device_to_host_bidirectional_memcpy_ce",
              "device_local_copy", "device_to_device_latency_sm")
 AGREE = 0.05
+# where ../shared/tools/README.md's recipe puts it (`cp ../shared/tools/nvbandwidth .tools/`), or a build tree
+DEFAULT_BINARIES = (".tools/nvbandwidth/nvbandwidth", ".tools/nvbandwidth")
 
 _NUM = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
@@ -188,7 +190,8 @@ def table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nvbandwidth", default=".tools/nvbandwidth/nvbandwidth", help="the nvbandwidth binary")
+    p.add_argument("--nvbandwidth", default=None,
+                   help=f"the nvbandwidth binary (default: the first executable of {', '.join(DEFAULT_BINARIES)})")
     p.add_argument("--mib", type=int, default=512, help="buffer size of both tools' bandwidth rows, MiB")
     p.add_argument("--gpus", default=None, help="GPU indices to compare, e.g. 0,1 (default: all visible)")
     p.add_argument("--json", help="write the side-by-side table, both tools' output and the bench document")
@@ -202,10 +205,16 @@ def main(argv=None):
     import torch
     count = torch.cuda.device_count()
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(count))
+    if count == 0:
+        print("nvbandwidth_compare: no CUDA GPU visible (nvbandwidth measures GPUs)", file=sys.stderr)
+        return 2
     if len(gpus) < 1 or any(g >= count or g < 0 for g in gpus):
         print(f"nvbandwidth_compare: --gpus: expected indices below {count}, got {args.gpus!r}", file=sys.stderr)
         return 2
-    if not os.access(args.nvbandwidth, os.X_OK):
+    if args.nvbandwidth is None:
+        args.nvbandwidth = next((b for b in DEFAULT_BINARIES if os.path.isfile(b) and os.access(b, os.X_OK)),
+                                DEFAULT_BINARIES[0])
+    if not (os.path.isfile(args.nvbandwidth) and os.access(args.nvbandwidth, os.X_OK)):
         print(f"nvbandwidth_compare: --nvbandwidth: {args.nvbandwidth} is not an executable (see "
               f"../shared/tools/README.md)", file=sys.stderr)
         return 2
@@ -220,7 +229,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bench.json")
         bench = subprocess.run([sys.executable, "-m", "pyxfer", "bench", "--sizes", f"{args.mib}M", "--no-progress",
-                                "--modes", "ce,ce_bidir,sm_pull,sm_push", "--pairs", ",".join(rows), "--json", path],
+                                "--modes", "ce,ce_bidir,sm_pull,sm_push" if len(local) > 1 else "ce,ce_bidir,sm_push",
+                                "--pairs", ",".join(rows), "--json", path],
                                capture_output=True, text=True, env=env)
         print(bench.stdout)
         if not os.path.exists(path):

@@ -9,7 +9,7 @@ VERDICTS = {"ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error"}
 
 
 def check_bench_schema(doc):
-    """The --json document as pyxfer/tools/bench.py's docstring documents it (schema pyxfer.bench, 1)."""
+    """The --json document as pyxfer/tools/bench.py's docstring documents it (schema pyxfer.bench, version 3)."""
     bench.validate(doc)
     assert doc["schema"] == "pyxfer.bench" and doc["schema_version"] == 3
     assert isinstance(doc["gpu"], bool) and isinstance(doc["argv"], list) and doc["created"].endswith("+00:00")
