@@ -20,8 +20,8 @@ G = the visible GPUs. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless set)
    with a sentinel, ``check_transfers()``, and every destination compared bitwise with its own source
    staged through the host (no pair got another pair's data, nothing left unwritten).
 4. ``python -m pyxfer doctor --json`` in a child process: wall time (goal: under 2 minutes for 56
-   pairs), verdicts, the JSON. ``pyxfer bench`` is run the same way if the CLI has it (it does not yet:
-   reported as not run).
+   pairs), verdicts, the JSON. ``pyxfer bench --json PATH`` is run the same way (a
+   temporary file; reported as not run where the CLI has no bench).
 The JSON (--json) records the machine and versions, every table and the targets.
 
     python benchmarks/scale.py [--world-sizes 2,4,8] [--pair-mib 256] [--json out.json]
@@ -33,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -221,14 +222,18 @@ def doctor_and_bench():
                         "why": "`pyxfer bench` does not exist in this build (the CLI has no bench command)"}
         print(f"pyxfer bench: not run: {out['bench']['why']}")
     else:
-        wall, rc, stdout, stderr = cli_run("bench", "--json")
-        try:
-            doc = json.loads(stdout)
-        except json.JSONDecodeError:
-            doc = None
+        # --json takes a path (a bare --json exited 2 and read as "no JSON on stdout")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "bench.json")
+            wall, rc, stdout, stderr = cli_run("bench", "--no-progress", "--json", path)
+            try:
+                with open(path) as f:
+                    doc = json.load(f)
+            except (OSError, json.JSONDecodeError):
+                doc = None
         out["bench"] = {"ran": True, "wall_s": wall, "rc": rc, "json": doc,
                         "stdout_tail": None if doc else stdout[-4000:], "stderr_tail": stderr[-2000:]}
-        print(f"pyxfer bench --json: {wall:.1f} s wall, exit code {rc}" + ("" if doc else " (no JSON on stdout)"))
+        print(f"pyxfer bench --json: {wall:.1f} s wall, exit code {rc}" + ("" if doc else " (no JSON written)"))
     print()
     return out
 

@@ -39,6 +39,17 @@ inline void check_sm_copy(const char* op, const at::Tensor& src, const at::Tenso
               src.nbytes(), " and ", dst.nbytes());
 }
 
+// pointer_chase's ring (a 1-D, contiguous, non-empty int64 tensor of node indices) and hop count.
+inline void check_pointer_chase(const char* op, const at::Tensor& ring, int64_t num_hops) {
+  check_dense(op, "ring", ring);
+  TORCH_CHECK_TYPE(ring.scalar_type() == at::kLong, op, ": ring must be an int64 tensor of node indices, got ",
+                   ring.scalar_type());
+  TORCH_CHECK_VALUE(ring.dim() == 1 && ring.is_contiguous() && ring.numel() > 0, op,
+                    ": ring must be a 1-D contiguous tensor with at least one node, got shape ", ring.sizes(),
+                    ring.is_contiguous() ? "" : " (non-contiguous)");
+  TORCH_CHECK_VALUE(num_hops >= 0, op, ": num_hops must be >= 0, got ", num_hops);
+}
+
 // PXH64 takes the uint64 bits of int64 arguments (seeds and sums are unsigned by definition).
 inline uint64_t u64(int64_t v) { return static_cast<uint64_t>(v); }
 

@@ -38,6 +38,12 @@ TORCH_LIBRARY(pyxfer, m) {
   // stream, ordered after and before the other GPU's current stream like a copy_ between devices.
   // Unverified; what `pyxfer bench` times as the SM copy modes. On the CPU: a memcpy.
   m.def("sm_copy(Tensor src, Tensor(a!) dst, bool pull=True) -> ()");
+  // The node reached after num_hops hops along `ring` (a 1-D int64 tensor; ring[i] is the index of the node
+  // after node i) from node 0, walked by one GPU thread with one dependent load per hop, as a 0-dim int64 on
+  // `device` (default: the ring's device), the GPU that walks it, which may read a peer GPU's ring. The walk
+  // stops at the first index outside [0, ring.numel()), which it returns. What `pyxfer bench` times as the
+  // SM pointer-chase latency (nvbandwidth's method). On the CPU: the same walk on the host.
+  m.def("pointer_chase(Tensor ring, int num_hops, Device? device=None) -> Tensor");
   // Health of the ordered pair (src, dst): 0 unknown, 1 healthy, 2 corrupt.
   m.def("health_status(int src, int dst) -> int");
   m.def("health_mark(int src, int dst, int state) -> ()");

@@ -40,6 +40,12 @@ def _sm_copy_fake(src, dst, pull=True):
     return None
 
 
+@torch.library.register_fake("pyxfer::pointer_chase")
+def _pointer_chase_fake(ring, num_hops, device=None):
+    check_tensor("torch.ops.pyxfer.pointer_chase", "ring", ring)
+    return ring.new_empty((), dtype=torch.int64, device=ring.device if device is None else device)
+
+
 def _quantized_fakes(x, fmt, rowwise, columnwise):
     layout = buffer_layout(fmt, x.shape, rowwise=rowwise, columnwise=columnwise)
     names = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")

@@ -1,5 +1,6 @@
 // Small kernels of the verified-transfer protocol: the deferred mismatch latch and checker, and the byte
-// flips used by fault injection; and the plain SM copy that `pyxfer bench` times (pull and push).
+// flips used by fault injection; and what `pyxfer bench` times: the plain SM copy (pull and push) and
+// the pointer chase (SM load latency, nvbandwidth's method).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -85,6 +86,22 @@ __global__ void __launch_bounds__(kCopyThreads)
   for (uint64_t i = uint64_t(blockIdx.x) * kCopyThreads + threadIdx.x; i < num_bytes; i += stride) dst[i] = src[i];
 }
 
+// One thread walks the ring: each hop is one load whose address depends on the previous load, so the
+// hops cannot overlap and the kernel's time over num_hops is the latency of one load from the ring's memory
+// (a peer GPU's over the link, or this GPU's). Stops at an index outside [0, num_nodes) (a corrupt ring is
+// reported, never read outside the tensor); *out is the last index reached.
+__global__ void pointer_chase_kernel(const int64_t* __restrict__ ring, int64_t num_nodes, int64_t num_hops,
+                                     int64_t* __restrict__ out) {
+  int64_t i = 0;
+  for (int64_t h = 0; h < num_hops; ++h) {
+    // NOTE: L2-only loads (ld.global.cg): the ring is larger than L1, and a peer's memory is never in this
+    // GPU's caches, so every hop reaches the ring's memory system as nvbandwidth's chase does.
+    i = static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(ring + i)));
+    if (static_cast<uint64_t>(i) >= static_cast<uint64_t>(num_nodes)) break;
+  }
+  *out = i;
+}
+
 }  // namespace
 
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
@@ -130,6 +147,12 @@ cudaError_t launch_sm_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes,
     sm_copy_bytes_kernel<<<unsigned(blocks < wave ? blocks : wave), kCopyThreads, 0, stream>>>(
         dst + vectors * 16, src + vectors * 16, tail);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_pointer_chase(const int64_t* ring, int64_t num_nodes, int64_t num_hops, int64_t* out,
+                                 cudaStream_t stream) {
+  pointer_chase_kernel<<<1, 1, 0, stream>>>(ring, num_nodes, num_hops, out);
   return cudaGetLastError();
 }
 }  // namespace pyxfer

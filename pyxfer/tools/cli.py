@@ -123,7 +123,13 @@ def build_parser():
                        description="Bandwidth (GB/s, 1e9 bytes/s) of every ordered pair and mode; "
                                    "see pyxfer.tools.bench.")
     b.add_argument("--preset", choices=sorted(PRESETS), default="full",
-                   help="quick: 3 sizes up to 64 MiB, 5 reps (about a minute on one GPU); full: 4 KiB ... 1 GiB")
+                   help="quick: 3 sizes up to 64 MiB, 5 reps (about a minute on one GPU); full: 4 KiB ... 1 GiB "
+                        "(a few minutes per GPU pair). Without a GPU the preset's sizes stop at 64 MiB (peak "
+                        "memory under 2 GB; the default run takes about 2 minutes on 2 busy cores, --preset quick "
+                        "seconds)")
+    b.add_argument("--threads", type=int, metavar="N",
+                   help="torch threads for the measurement (default: 1 without a GPU, where more threads than free "
+                        "cores make torch's copy_ wait on threads that do not run; else torch's own setting)")
     b.add_argument("--sizes", type=_sizes, metavar="S,S,...", help="sizes of the sweep, e.g. 4K,1M,256M")
     b.add_argument("--modes", metavar="M,M,...", help=f"modes to run, of {','.join(MODES)} (default: all)")
     b.add_argument("--pairs", metavar="SRC->DST,...",
@@ -132,7 +138,7 @@ def build_parser():
     b.add_argument("--reps", type=int, metavar="N", help="timed repetitions per point (median reported)")
     b.add_argument("--warmup", type=int, metavar="N", help="untimed repetitions first")
     b.add_argument("--json", type=_output_path(), metavar="PATH",
-                   help="write the results (schema pyxfer.bench, version 2)")
+                   help="write the results (schema pyxfer.bench, version 3)")
     b.add_argument("--plot", type=_output_path(".png"), metavar="PATH.png",
                    help="write PNG heatmaps (needs matplotlib: pip install 'pyxfer[plot]')")
     b.add_argument("--compare", metavar="OLD.json", help="flag points slower than in an earlier --json")

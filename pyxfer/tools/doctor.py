@@ -60,6 +60,7 @@ import torch
 
 from .._devices import as_device
 from .machine import driver_version, gpus, peer_matrix
+from .pairs import parse_pairs
 
 __all__ = ["VERDICTS", "SCHEMA", "SCHEMA_VERSION", "Report", "doctor", "print_report", "run"]
 
@@ -530,16 +531,8 @@ def select_pairs(devices, spec=None):
         if not devices:
             return [("cpu", "cpu")]
         return [(a, b) for a in names for b in names if a != b]
-    pairs = []
-    for item in spec.split(","):
-        a, sep, b = item.partition("->")
-        a, b = _endpoint(a.strip(), names), _endpoint(b.strip(), names)
-        if not sep or a is None or b is None:
-            raise ValueError(f"--pairs: expected SRC->DST[,SRC->DST...] with devices from {names}, got {item!r}")
-        if (a, b) in pairs:
-            raise ValueError(f"--pairs: expected each pair once, got {a}->{b} twice in {spec!r}")
-        pairs.append((a, b))
-    return pairs
+    return parse_pairs(spec, lambda text: _endpoint(text, names),
+                       expected=f"SRC->DST[,SRC->DST...] with devices from {names}")
 
 
 def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fraction=0.5):

@@ -16,8 +16,8 @@ import torch
 
 from .._devices import as_device
 
-__all__ = ["L2_DEFEAT_BYTES", "Samples", "cuda_samples", "cuda_times", "cuda_time_ms", "cpu_samples",
-           "cpu_time_ms", "fmt_size", "fmt_gbps"]
+__all__ = ["L2_DEFEAT_BYTES", "Samples", "spread", "stream_samples", "cuda_samples", "cuda_times", "cuda_time_ms",
+           "cpu_samples", "cpu_time_ms", "fmt_size", "fmt_gbps"]
 
 L2_DEFEAT_BYTES = 256 << 20  # rotate inputs over at least this much memory so no run hits in L2
 
@@ -38,18 +38,21 @@ def fmt_gbps(v):
 @dataclass(frozen=True)
 class Samples:
     """Milliseconds per call over the repetitions: median, min and max; host_ms is the median host
-    time to issue one call; held says whether the GPU stream was held while the calls were queued."""
+    time to issue one call; held says whether the GPU stream was held while the calls were queued;
+    cv the coefficient of variation of the times (sample standard deviation over mean; 0.0 for one
+    rep), the spread nvbandwidth v0.10 prints beside its figures."""
     median_ms: float
     min_ms: float
     max_ms: float
     reps: int
     host_ms: float
     held: bool
+    cv: float = 0.0
 
     @classmethod
     def of(cls, times, host, held):
         return cls(statistics.median(times), min(times), max(times), len(times),
-                   statistics.median(host) if host else 0.0, held)
+                   statistics.median(host) if host else 0.0, held, spread(times))
 
     def gbps(self, num_bytes):
         """GB/s (1e9 bytes per second) of ``num_bytes`` moved per call, at the median."""
@@ -57,6 +60,13 @@ class Samples:
 
     def as_dict(self):
         return asdict(self)
+
+
+def spread(times):
+    """Coefficient of variation of ``times``: sample standard deviation over the mean (0.0 for fewer
+    than two times or a zero mean)."""
+    mean = statistics.fmean(times) if times else 0.0
+    return statistics.stdev(times) / mean if len(times) > 1 and mean > 0 else 0.0
 
 
 _SPIN_CYCLES_PER_MS = {}
@@ -121,6 +131,20 @@ def cuda_samples(fn, inputs, *, warmup=3, reps=20, device=None, hold=True) -> Sa
             times.append(start.elapsed_time(stop) / len(inputs))
             host.append(issue_s * 1e3 / len(inputs))
         return Samples.of(times, host, hold)
+
+
+def stream_samples(fn, inputs, *, warmup=3, reps=20, device=None, hold=True) -> Samples:
+    """`pyxfer bench`'s measurement of a GPU call (benchmarks/ use it too): cuda_samples with the stream
+    held (the GPU's time for calls queued ahead of it, as in a model's stream) where ``hold`` and the
+    calls let the host run ahead; from an idle stream (hold=False) when ``hold`` is False or fn turns out
+    to wait for the GPU (each pass outlasts a 2 s spin). The result's ``held`` says which."""
+    if hold:
+        try:
+            return cuda_samples(fn, inputs, warmup=warmup, reps=reps, device=device, hold=True)
+        except RuntimeError as e:
+            if "outlasts a 2 s spin" not in str(e):
+                raise
+    return cuda_samples(fn, inputs, warmup=warmup, reps=reps, device=device, hold=False)
 
 
 def cuda_times(fn, inputs, *, warmup=3, reps=20, device=None, hold=True):

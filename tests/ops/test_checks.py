@@ -102,6 +102,7 @@ def _native_op_calls(bad, x, u8, f32):
         ("staged_copy", "src", lambda: torch.ops.pyxfer.staged_copy(bad, torch.device("cpu"))),
         ("swap_first_dims", "src", lambda: torch.ops.pyxfer.swap_first_dims(bad)),
         ("sm_copy", "dst", lambda: torch.ops.pyxfer.sm_copy(u8, bad, True)),  # a mutated argument
+        ("pointer_chase", "ring", lambda: torch.ops.pyxfer.pointer_chase(bad, 1)),
         ("quantize_fp8_block", "x", lambda: torch.ops.pyxfer.quantize_fp8_block(bad, 1, True, False, E4M3, True, 0.0)),
         ("quantize_mxfp8", "x", lambda: torch.ops.pyxfer.quantize_mxfp8(bad, True, False, E4M3)),
         ("quantize_nvfp4", "global_amax", lambda: torch.ops.pyxfer.quantize_nvfp4(x, bad, True, False)),

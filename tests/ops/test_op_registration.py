@@ -150,6 +150,15 @@ def _sm_copy(device, gen):
             (src[:0], torch.empty(0, dtype=torch.uint8, device=device), True)]
 
 
+def _pointer_chase(device, gen):
+    """A ring that is one random cycle (odd length), walked 0, a few and more hops than it has nodes."""
+    order = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(1000, generator=gen) + 1])
+    ring = torch.empty(1001, dtype=torch.int64)
+    ring[order] = order.roll(-1)
+    ring = ring.to(device)
+    return [(ring, 0), (ring, 7), (ring, 2503)]
+
+
 SAMPLES = {
     "checksum": _checksum,
     "checksum_partial": _checksum_partial,
@@ -157,6 +166,7 @@ SAMPLES = {
     "verified_copy": _verified_copy,
     "staged_copy": _staged_copy,
     "sm_copy": _sm_copy,
+    "pointer_chase": _pointer_chase,
     "quantize_fp8_block": _quantize_fp8_block,
     "dequantize_fp8_block": _dequantize_fp8_block,
     "quantize_mxfp8": _quantize_mxfp8,

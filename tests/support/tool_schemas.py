@@ -9,9 +9,9 @@ VERDICTS = {"ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error"}
 
 
 def check_bench_schema(doc):
-    """The --json document as pyxfer/tools/bench.py's docstring documents it (schema pyxfer.bench, 1)."""
+    """The --json document as pyxfer/tools/bench.py's docstring documents it (schema pyxfer.bench, version 3)."""
     bench.validate(doc)
-    assert doc["schema"] == "pyxfer.bench" and doc["schema_version"] == 2
+    assert doc["schema"] == "pyxfer.bench" and doc["schema_version"] == 3
     assert isinstance(doc["gpu"], bool) and isinstance(doc["argv"], list) and doc["created"].endswith("+00:00")
     m = doc["machine"]
     assert {"host", "platform", "python", "torch", "torch_cuda", "driver", "nvidia_driver", "gpus", "peer_access",
@@ -22,15 +22,17 @@ def check_bench_schema(doc):
     cfg = doc["config"]
     assert cfg["matrix_size"] == max(cfg["sizes"]) and all(isinstance(r, list) and len(r) == 2 for r in cfg["rows"])
     for r in doc["results"]:
-        assert set(r) == {"src", "dst", "mode", "bytes", "gbps", "median_ms", "min_ms", "max_ms", "reps", "loop",
+        assert set(r) == {"src", "dst", "mode", "bytes", "gbps", "median_ms", "min_ms", "max_ms", "cv", "reps", "loop",
                           "held", "check", "detail"}
         if r["check"] != "error":
             assert r["gbps"] > 0 and r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["reps"] == doc["method"]["reps"]
+            assert r["cv"] >= 0
     for r in doc["ratios"]:
         assert set(r) == {"src", "dst", "bytes", "ratio", "value"} and r["ratio"] in ("verified/ce", "staged/ce")
     for r in doc["latency"]:
-        assert set(r) == {"src", "dst", "bytes", "median_us", "min_us", "max_us", "detail"}
-        assert r["median_us"] > 0 if r["detail"] == "" else r["median_us"] is None
+        assert set(r) == {"src", "dst", "kind", "bytes", "median_us", "min_us", "max_us", "cv", "detail"}
+        assert r["kind"] in ("ce", "sm", "chase", "host_call")
+        assert r["median_us"] > 0 and r["cv"] >= 0 if r["detail"] == "" else r["median_us"] is None
     for r in doc["checksum"]:
         assert set(r) == {"device", "bytes", "gbps", "median_ms", "min_ms", "max_ms"} and r["gbps"] > 0
     for r in doc["method_check"]:
@@ -38,6 +40,8 @@ def check_bench_schema(doc):
     for r in doc["corrupt"]:
         assert set(r) == {"src", "dst", "mode", "bytes", "detail"}
     assert doc["compare"] is None or set(doc["compare"]) == {"old", "threshold", "slower"}
+    assert isinstance(doc["warnings"], list) and all(isinstance(w, str) for w in doc["warnings"])
+    assert cfg["threads"] >= 1
 
 
 def check_doctor_schema(doc):

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +62,8 @@ def test_cpu_run_end_to_end(cpu_run):
     ratio = {r["ratio"]: r["value"] for r in doc["ratios"]}
     assert ratio["verified/ce"] == pytest.approx(by["verified"] / by["ce"], rel=1e-3)
     assert {c["device"] for c in doc["checksum"]} == {"cpu"} and doc["method_check"] == [] and doc["corrupt"] == []
-    for title in ("ce GB/s at 64.0029 KiB", "verified/ce at 64.0029 KiB", "staged/ce at 64.0029 KiB", "latency, us",
+    for title in ("ce GB/s at 64.0029 KiB", "verified/ce at 64.0029 KiB", "staged/ce at 64.0029 KiB",
+                  "host round trip of one call, us",
                   "size sweep"):
         assert title in out
     assert "checksum (PXH64) GB/s: cpu " in out
@@ -103,11 +105,11 @@ def test_compare_rejects_what_is_not_a_bench_document(tmp_path, capsys):
     (tmp_path / "doctor.json").write_text(json.dumps({"schema": "pyxfer.doctor", "schema_version": 2}))
     assert main(["bench", "--compare", str(tmp_path / "doctor.json")]) == 2
     assert "not a pyxfer.bench document (schema 'pyxfer.doctor')" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="schema_version 0, expected 2$"):
+    with pytest.raises(ValueError, match="schema_version 0, expected 3$"):
         bench.validate({"schema": "pyxfer.bench", "schema_version": 0})
-    with pytest.raises(ValueError, match="schema_version 1, expected 2$"):  # a run's own document: this version
+    with pytest.raises(ValueError, match="schema_version 1, expected 3$"):  # a run's own document: this version
         bench.validate({"schema": "pyxfer.bench", "schema_version": 1})
-    with pytest.raises(ValueError, match="schema_version 0, expected 2 or 1$"):
+    with pytest.raises(ValueError, match="schema_version 0, expected 3 or 1 or 2$"):
         bench.validate({"schema": "pyxfer.bench", "schema_version": 0}, older=True)
 
 
@@ -136,7 +138,7 @@ def test_a_corrupting_path_is_reported_and_the_bench_carries_on():
     detail = by["staged"]["detail"]
     assert detail.startswith("cpu: PXH64 0x") and "1 wrong bytes, the first at offset" in detail
     assert by["ce"]["check"] == "ok" and by["verified"]["check"] == "ok"  # the rest measured and right
-    assert len(latency) == 1 and len(sums) == 1
+    assert [r["kind"] for r in latency] == ["chase", "host_call"] and len(sums) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a row whose buffers cannot be made: pinned memory "
@@ -364,7 +366,8 @@ def test_report_of_a_gpu_document(cpu_doc, capsys):
     assert "compared with old.json: 1 points slower by more than 10%" in lines
     assert f"  SLOWER cpu -> cpu verified {N_TEXT}: 2.50 -> 1.25 GB/s (0.50x)" in lines
     # the failed ce point has no figure: its matrix is not printed at all, verified's is
-    assert not any(ln.startswith("ce GB/s") for ln in lines) and f"verified GB/s at {N_TEXT}" in lines
+    assert not any(ln.startswith("ce GB/s") for ln in lines)
+    assert f"verified GB/s at {N_TEXT}, median and its CV" in lines
 
 
 @cpu_only
@@ -390,7 +393,8 @@ def test_validate_names_what_is_wrong(cpu_doc):
 @cpu_only
 def test_samples_as_dict_and_cpu_time_ms():
     s = Samples.of([3.0, 1.0, 2.0, 9.0], [0.5, 0.25], True)
-    assert s.as_dict() == {"median_ms": 2.5, "min_ms": 1.0, "max_ms": 9.0, "reps": 4, "host_ms": 0.375, "held": True}
+    assert s.as_dict() == {"median_ms": 2.5, "min_ms": 1.0, "max_ms": 9.0, "reps": 4, "host_ms": 0.375, "held": True,
+                           "cv": pytest.approx(statistics.stdev([3.0, 1.0, 2.0, 9.0]) / 3.75)}
     assert Samples.of([4.0], [], False).as_dict()["host_ms"] == 0.0
     calls = []
     ms = cpu_time_ms(calls.append, "x", warmup=2, reps=3)

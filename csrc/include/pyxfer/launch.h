@@ -96,6 +96,13 @@ uint64_t hash_wave_blocks();
 // current device.
 cudaError_t launch_sm_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, cudaStream_t stream);
 
+// *out = the node reached after num_hops hops along ring[] from node 0 (ring[i] is the index of the node
+// after i), walked by one thread with one dependent load per hop; the walk stops at the first index outside
+// [0, num_nodes), which *out then holds. ring may be in a peer GPU's memory (access enabled); num_nodes >= 1.
+// Runs on the current device.
+cudaError_t launch_pointer_chase(const int64_t* ring, int64_t num_nodes, int64_t num_hops, int64_t* out,
+                                 cudaStream_t stream);
+
 // Largest input of launch_pxh64_small: one block reads it in about a microsecond.
 constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
 
