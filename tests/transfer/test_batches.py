@@ -58,7 +58,7 @@ def test_tuples_empty_batches_and_the_default_arguments(gen):
 def test_gradients_flow_back_per_tensor_like_verified_copy(gen):
     a = torch.randn(5, 7, generator=gen, dtype=torch.float64).requires_grad_()
     b = torch.randn(3, generator=gen)  # no grad
-    c = torch.randn(11, generator=gen, dtype=torch.float64)[2:].requires_grad_()  # a non-leaf view: still a leaf
+    c = torch.randn(11, generator=gen, dtype=torch.float64)[2:].requires_grad_()  # a view with an offset (a leaf)
     out = pyxfer.verified_copy_many([a, b, c], "cpu")
     assert [o.requires_grad for o in out] == [True, False, True]
     (out[0] * 3).sum().backward()
