@@ -3,22 +3,22 @@ tensors, measured in the same run (issue 34 item 5): a batch like one accelerate
 of mixed sizes, --min-kib .. --max-kib, odd byte counts, a few non-contiguous), for each pair of devices
 present: cuda:0 -> cuda:1 (2+ GPUs), cuda:0 -> cuda:0, pinned host -> cuda:0, cuda:0 -> host.
 
-Method: wall clock (time.perf_counter) per call, each call followed by torch.cuda.synchronize() of every GPU
-(the loop of .to ends the same way), --warmup calls first, the median of --reps; verify="sync" and
-"deferred" (deferred: check_transfers() once after the timed calls). Results are checked once, outside the
-timed region. The ratio is time(loop) / time(batch): above 1, the batch is faster.
+Method: pyxfer.tools.timing.cuda_samples with hold=False (CUDA events on cuda:0's current stream around one
+call that ends with torch.cuda.synchronize() of every GPU; the loop of .to ends the same way), --warmup calls
+first, the median of --reps; verify="sync" and "deferred" (deferred: check_transfers() once after the timed
+calls). Results are checked once, outside the timed region. The ratio is time(loop) / time(batch): above 1,
+the batch is faster.
 
     python benchmarks/batches.py [--count 18] [--min-kib 4] [--max-kib 8192] [--reps 50] [--json out.json]
 """
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import pyxfer
+from pyxfer.tools.timing import cuda_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_json  # noqa: E402
@@ -37,19 +37,12 @@ def batch_of(count, min_kib, max_kib, device, gen):
 
 
 def median_ms(fn, reps, warmup):
-    def once():
+    def once(_):
         fn()
         for d in range(torch.cuda.device_count()):
             torch.cuda.synchronize(d)
 
-    for _ in range(warmup):
-        once()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return cuda_samples(once, [None], warmup=warmup, reps=reps, device=0, hold=False).median_ms
 
 
 def measure(src_dev, dst, batch, a):
