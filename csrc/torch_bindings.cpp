@@ -31,6 +31,10 @@ TORCH_LIBRARY(pyxfer, m) {
   // torch's caching host allocator (False: pageable); ignored for other pairs.
   m.def("verified_copy(Tensor src, Device device, str route=\"auto\", str verify=\"sync\", bool pin_memory=True) "
         "-> Tensor");
+  // verified_copy of each of srcs to `device`, in order, in one call; a failure (sync raise, deferred latch)
+  // records the tensor's index.
+  m.def("verified_copy_many(Tensor[] srcs, Device device, str route=\"auto\", str verify=\"sync\", "
+        "bool pin_memory=True) -> Tensor[]");
   // Unverified copy through the bounded pool of pinned host buffers, pipelined in chunks.
   m.def("staged_copy(Tensor src, Device device) -> Tensor");
   // Copies src's bytes into dst (both contiguous, the same number of bytes) with a copy kernel: on
@@ -59,7 +63,8 @@ TORCH_LIBRARY(pyxfer, m) {
   // The mismatches latched by the calling thread's deferred copies since its last call, after
   // waiting for the devices that ran them, as a transfer error record of the first
   // (csrc/transfer/errors.cpp): [count (all of them), src, dst, num_bytes, src_hash, dst_hash, route
-  // (0 not recorded, 1 direct, 2 staged), attempt, retry_dst_hash], then [src, dst] of every other
+  // (0 not recorded, 1 direct, 2 staged), attempt, retry_dst_hash, index (the tensor's in its
+  // verified_copy_many call; -1: none)], then [src, dst] of every other
   // pair with a mismatch; [] if none.
   m.def("take_transfer_errors() -> int[]");
   // The record of the failure this thread's last sync verified_copy raised (then cleared), in the

@@ -26,6 +26,11 @@ def _verified_copy_fake(src, device, route="auto", verify="sync", pin_memory=Tru
     return torch.empty(src.shape, dtype=src.dtype, device=device)
 
 
+@torch.library.register_fake("pyxfer::verified_copy_many")
+def _verified_copy_many_fake(srcs, device, route="auto", verify="sync", pin_memory=True):
+    return [torch.empty(s.shape, dtype=s.dtype, device=device) for s in srcs]
+
+
 @torch.library.register_fake("pyxfer::staged_copy")
 def _staged_copy_fake(src, device):
     return torch.empty(src.shape, dtype=src.dtype, device=device)

@@ -30,6 +30,7 @@ __all__ = ["audit", "AuditReport", "Tally"]
 _aten = torch.ops.aten
 _COPY_OPS = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default}
 _PYXFER_COPY_OPS = {torch.ops.pyxfer.verified_copy.default, torch.ops.pyxfer.staged_copy.default}
+_PYXFER_MANY = torch.ops.pyxfer.verified_copy_many.default  # seen itself where autograd is off (inference mode)
 NO_MODULE = "(no module)"
 
 
@@ -112,6 +113,9 @@ class _AuditMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func in _PYXFER_COPY_OPS:
             self._copy(self.report.pyxfer_copies, args[0], out, every=True)
+        elif func is _PYXFER_MANY:
+            for src, dst in zip(args[0], out):
+                self._copy(self.report.pyxfer_copies, src, dst, every=True)
         elif func in _COPY_OPS:
             if func is _aten.copy_.default:  # copy_(self=dst, src)
                 self._copy(self.report.unverified_copies, args[1], args[0])

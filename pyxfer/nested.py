@@ -2,7 +2,8 @@
 
 ``send_to_device`` (accelerate.utils.operations) is what accelerate's hooks use to move a module's
 inputs and outputs; ``verified_send`` keeps its behaviour case for case and only replaces the copy
-of plain dense tensors between different CPU/CUDA devices by ``pyxfer.verified_copy``.
+of plain dense tensors between different CPU/CUDA devices by ``pyxfer.verified_copy``; a call's copies go
+through one ``pyxfer.verified_copy_many``.
 """
 import collections.abc
 
@@ -10,20 +11,30 @@ import torch
 
 from ._checks import check_bool
 from ._devices import parse_device
-from .transfer import ROUTES, VERIFY_MODES, verified_copy
+from .transfer import ROUTES, VERIFY_MODES, verified_copy, verified_copy_many
 
 __all__ = ["verified_send", "sender"]
 
 
 class _Move:
-    """One verified_send call's settings, passed down the recursion."""
+    """One verified_send call's settings, passed down the recursion. ``batch``: a list while the collecting
+    pass notes the sources of the call's verified copies (nothing moves); ``results``: an iterator over
+    their verified_copy_many results, taken in the same order by the moving pass (None: copy one by one)."""
 
-    __slots__ = ("device", "_target", "non_blocking", "skip_keys", "verify", "route", "include_cpu", "rebuild")
+    __slots__ = ("device", "_target", "non_blocking", "skip_keys", "verify", "route", "include_cpu", "rebuild",
+                 "batch", "results")
 
     def __init__(self, device, non_blocking, skip_keys, verify, route, include_cpu, rebuild):
         self.device, self._target, self.non_blocking = device, _UNRESOLVED, non_blocking
         self.skip_keys, self.verify, self.route, self.include_cpu = skip_keys, verify, route, include_cpu
-        self.rebuild = rebuild
+        self.rebuild, self.batch, self.results = rebuild, None, None
+
+    def for_call(self):
+        """A copy for one call's passes (a sender's _Move is shared by concurrent and nested calls)."""
+        c = _Move(self.device, self.non_blocking, self.skip_keys, self.verify, self.route, self.include_cpu,
+                  self.rebuild)
+        c._target = self._target
+        return c
 
     @property
     def target(self):
@@ -67,10 +78,14 @@ def _dense_order(t: torch.Tensor):
 
 def _verified(t: torch.Tensor, m: _Move) -> torch.Tensor:
     perm = _dense_order(t)
-    if perm is None:
-        return verified_copy(t, m.target, route=m.route, verify=m.verify)
     # Copy the dense bytes as they lie and give the result the source's strides, like Tensor.to.
-    out = verified_copy(t.permute(perm), m.target, route=m.route, verify=m.verify)
+    src = t if perm is None else t.permute(perm)
+    if m.batch is not None:
+        m.batch.append(src)
+        return t
+    out = next(m.results) if m.results is not None else verified_copy(src, m.target, route=m.route, verify=m.verify)
+    if perm is None:
+        return out
     inverse = [0] * len(perm)
     for i, d in enumerate(perm):
         inverse[d] = i
@@ -79,6 +94,9 @@ def _verified(t: torch.Tensor, m: _Move) -> torch.Tensor:
 
 def _to(obj, m: _Move):
     m.target  # noqa: B018 (resolved first: a CUDA device that does not exist is pyxfer's ValueError, not .to's error)
+    if m.batch is not None:
+        m.batch.append(None)  # the collecting pass moves nothing: the moving pass will
+        return obj
     try:
         return obj.to(m.device, non_blocking=m.non_blocking)
     except TypeError:  # a .to() without non_blocking (as accelerate retries)
@@ -153,6 +171,24 @@ def _send(obj, m: _Move):
     return obj
 
 
+def _send_call(data, shared: _Move):
+    """One call's move: a collecting pass notes the verified copies (in traversal order), one
+    verified_copy_many makes them, the moving pass builds the result with them in the same order. Where
+    there is at most one copy, the moving pass alone (a batch of one gains nothing); where nothing moves,
+    the collecting pass's result is the result."""
+    m = shared.for_call()
+    m.batch = []
+    out = _send(data, m)
+    pending, m.batch = m.batch, None
+    shared._target = m._target  # resolved once (the same value from any call)
+    if not pending:
+        return out
+    sources = [t for t in pending if t is not None]  # None: a move through .to
+    if len(sources) > 1:
+        m.results = iter(verified_copy_many(sources, m.target, route=m.route, verify=m.verify))
+    return _send(data, m)
+
+
 def _check_options(op, verify, route, skip_keys) -> frozenset:
     if verify not in VERIFY_MODES:
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -194,7 +230,8 @@ def verified_send(data, device, *, non_blocking: bool = False, skip_keys=None, v
 
     Copies: a plain ``torch.Tensor`` (not a subclass), dense and strided, moving between two
     different CUDA devices, or between the CPU and a CUDA device when ``include_cpu`` is true, goes
-    through ``pyxfer.verified_copy(t, device, route=route, verify=verify)``: same dtype, shape,
+    through ``pyxfer.verified_copy(t, device, route=route, verify=verify)`` (all of a call's such copies in
+    one ``pyxfer.verified_copy_many``, whose TransferError names the tensor's position among them): same dtype, shape,
     values and (for dense non-overlapping tensors) strides as ``t.to(device)``, differentiable.
     Everything else goes through ``.to(device, non_blocking=non_blocking)``.
 
@@ -222,4 +259,4 @@ def sender(device, *, non_blocking: bool = False, skip_keys=None, verify: str = 
     for name, value in (("non_blocking", non_blocking), ("include_cpu", include_cpu), ("rebuild", rebuild)):
         check_bool(op, name, value)
     m = _Move(device, non_blocking, keys, verify, route, include_cpu, rebuild)
-    return lambda data: _send(data, m)
+    return lambda data: _send_call(data, m)

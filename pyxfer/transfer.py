@@ -17,14 +17,17 @@ from ._checks import check_bool, check_int, check_tensor
 from ._devices import ANY_CODE as _ANY_CODE
 from ._devices import as_device, device_name
 
-__all__ = ["TransferError", "verified_copy", "staged_copy", "check_transfers", "configure_staging", "ROUTES"]
+__all__ = ["TransferError", "verified_copy", "verified_copy_many", "staged_copy", "check_transfers",
+           "configure_staging", "ROUTES"]
 
 ROUTES = ("auto", "direct", "staged")
 VERIFY_MODES = ("sync", "deferred", "none")
 _NATIVE_PREFIX = "pyxfer.TransferError: "
 _verified_copy_op = torch.ops.pyxfer.verified_copy.default  # the overload itself: no packet lookup per call
+_verified_copy_many_op = torch.ops.pyxfer.verified_copy_many.default
 _RECORD_ROUTES = (None, "direct", "staged")  # the route code of an error record
 _MASK64 = (1 << 64) - 1
+_RECORD_LEN = 10  # fields of a native error record (_error_fields)
 
 
 class TransferError(RuntimeError):
@@ -32,23 +35,24 @@ class TransferError(RuntimeError):
     ``dst`` (device names), ``num_bytes``, ``src_hash`` and ``dst_hash`` (PXH64 values as ints; the
     destination's of the first failing attempt), ``route`` ("direct" or "staged": the route of that
     attempt; None for deferred copies), ``attempt`` (the last attempt that failed: 2 when a sync
-    copy's staged retry failed too, 1 for a deferred copy, which is never retried) and
-    ``retry_dst_hash`` (the destination PXH64 of that staged retry)."""
+    copy's staged retry failed too, 1 for a deferred copy, which is never retried),
+    ``retry_dst_hash`` (the destination PXH64 of that staged retry) and ``index`` (the tensor's index in
+    its verified_copy_many call; None for a verified_copy)."""
 
     def __init__(self, message, *, src=None, dst=None, num_bytes=None, src_hash=None, dst_hash=None, route=None,
-                 attempt=None, retry_dst_hash=None):
+                 attempt=None, retry_dst_hash=None, index=None):
         super().__init__(message)
         self.src, self.dst, self.num_bytes, self.src_hash, self.dst_hash = src, dst, num_bytes, src_hash, dst_hash
-        self.route, self.attempt, self.retry_dst_hash = route, attempt, retry_dst_hash
+        self.route, self.attempt, self.retry_dst_hash, self.index = route, attempt, retry_dst_hash, index
 
 
 def _error_fields(record) -> dict:
     """TransferError's keyword arguments from a native error record (csrc/transfer/errors.cpp:
-    [count, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash])."""
-    _, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash = record
+    [count, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash, index])."""
+    _, src, dst, num_bytes, src_hash, dst_hash, route, attempt, retry_dst_hash, index = record
     return dict(src=device_name(src), dst=device_name(dst), num_bytes=num_bytes, src_hash=src_hash & _MASK64,
                 dst_hash=dst_hash & _MASK64, route=_RECORD_ROUTES[route], attempt=attempt,
-                retry_dst_hash=retry_dst_hash & _MASK64 if attempt > 1 else None)
+                retry_dst_hash=retry_dst_hash & _MASK64 if attempt > 1 else None, index=index if index >= 0 else None)
 
 
 def _sync_error(message: str) -> TransferError:
@@ -121,6 +125,43 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
         raise
 
 
+def verified_copy_many(tensors, device, *, route=None, verify: str = "sync", pin_memory: bool = True) -> list:
+    """``[verified_copy(t, device, route=route, verify=verify, pin_memory=pin_memory) for t in tensors]`` in one
+    call: the same result for each tensor (a contiguous tensor on ``device`` with its dtype, shape and bits,
+    differentiable like verified_copy's), in input order. ``tensors``: a list or tuple of tensors on any mix of
+    devices (the CPU, GPUs), dtypes, sizes (empty ones too) and strides. Every argument is checked before
+    anything is copied. A tensor that arrives wrong is repaired on its own through the staged path (sync) or
+    latched for check_transfers() (deferred); the others are unaffected. Each tensor runs verified_copy's
+    protocol (not yet one batched kernel launch per pair of devices: docs/transfers.md).
+
+    Raises TransferError (with ``index``: the position of the tensor in ``tensors``, named in the message as
+    ``tensors[i]``) when a tensor arrived wrong on both paths; nothing is returned then. TypeError when
+    ``tensors`` is not a list or tuple or holds something that is not a tensor, ValueError for bad tensors
+    (sparse, nested, quantized, meta), devices, routes or verify modes, TypeError for a pin_memory that is not
+    a bool; each names verified_copy_many and the argument (``tensors[i]`` for an element), before any copy.
+    In CUDA graph capture, refused like verified_copy."""
+    op = "pyxfer.verified_copy_many"
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{op}: tensors must be a list or tuple of torch.Tensor, got {type(tensors).__name__}")
+    for i, t in enumerate(tensors):
+        check_tensor(op, f"tensors[{i}]", t)
+    check_bool(op, "pin_memory", pin_memory)
+    route = default_route() if route is None else route
+    if route not in ROUTES:
+        raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
+    device = as_device(op, "device", device)
+    if not tensors:
+        return []
+    try:
+        return _verified_copy_many_op(list(tensors), device, route, verify, pin_memory)
+    except RuntimeError as e:
+        if _NATIVE_PREFIX in str(e):
+            raise _sync_error(str(e)) from None
+        raise
+
+
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
@@ -141,7 +182,7 @@ def check_transfers() -> None:
     record = torch.ops.pyxfer.take_transfer_errors()
     if not record:
         return
-    count, first, others = record[0], record[:9], record[9:]
+    count, first, others = record[0], record[:_RECORD_LEN], record[_RECORD_LEN:]
     if first[1] == _ANY_CODE:  # counted, but no record complete yet (a replay was still writing it)
         raise TransferError(f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification "
                             f"(details not recorded)")
@@ -149,8 +190,9 @@ def check_transfers() -> None:
     health.mark(fields["src"], fields["dst"], "corrupt")
     for src, dst in zip(others[0::2], others[1::2]):
         health.mark(device_name(src), device_name(dst), "corrupt")
+    which = "" if fields["index"] is None else f"tensors[{fields['index']}] of a verified_copy_many call: "
     raise TransferError(
-        f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: copy "
+        f"{count} deferred verified cop{'y' if count == 1 else 'ies'} failed verification; the first: {which}copy "
         f"{fields['src']} -> {fields['dst']} of {fields['num_bytes']} bytes: source PXH64 {fields['src_hash']:#x}, "
         f"destination PXH64 {fields['dst_hash']:#x}", **fields)
 

@@ -90,6 +90,7 @@ TransferErrors take_thread_latches() {
       e.num_bytes = r.num_bytes;
       e.src_hash = r.src_hash;
       e.dst_hash = r.dst_hash;
+      e.index = r.index;
       out.records.push_back(e);
     }
     d.reported = snapshot.count;

@@ -152,7 +152,7 @@ class CudaPath final : public TransferPath {
       const uint64_t* src_ptr = src_.is_cuda() ? &pair_->src : nullptr;
       C10_CUDA_CHECK(launch_latch_mismatch(src_ptr, src_value_, u64_of(dst_hash_),
                                            thread_latch(dst_.index(), capturing()), device_code(src_),
-                                           device_code(dst_), num_bytes_, sb_->stream()));
+                                           device_code(dst_), num_bytes_, batch_index(), sb_->stream()));
       if (pair_ != nullptr) {  // its last reader is the latch kernel
         if (capturing()) graph_pairs_.push_back(pair_);
         else give_host_hashes_after(pair_, *sb_);

@@ -39,6 +39,7 @@
 #include "cuda/verify_workspace.h"
 #include "pyxfer/launch.h"
 #include "pyxfer/peer_schedule.h"
+#include "transfer/errors.h"
 #include "transfer/faults.h"
 #include "transfer/health.h"
 #include "transfer/peer_plan.h"
@@ -351,7 +352,7 @@ void DeviceCopy::finish() {
   }
   C10_CUDA_CHECK(launch_check_verify(words_, seq_, src_canary_, dst_canary_,
                                      thread_latch(ends_.dst, ends_.capture_origin.has_value()), ends_.src, ends_.dst,
-                                     num_bytes_, ends_.sb.stream()));
+                                     num_bytes_, batch_index(), ends_.sb.stream()));
   if (peer_) order(ends_.sb, ends_.sa);  // later work on Sa (writes to src) after the copy read it
 }
 

@@ -13,7 +13,7 @@ namespace {
 
 // Counts a mismatch in *latch and records its details (one thread).
 __device__ void latch_record(TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
-                             uint64_t src_hash, uint64_t dst_hash) {
+                             uint64_t src_hash, uint64_t dst_hash, int64_t index) {
   const unsigned long long i = atomicAdd(&latch->count, 1ull);
   TransferLatchRecord* r = &latch->records[i % kLatchRecords];
   atomicExch(&r->seq, 0ull);  // incomplete while the fields change (a reader skips it)
@@ -24,25 +24,27 @@ __device__ void latch_record(TransferLatch* latch, int64_t src_device, int64_t d
   v->num_bytes = num_bytes;
   v->src_hash = src_hash;
   v->dst_hash = dst_hash;
+  v->index = index;
   __threadfence();
   atomicExch(&r->seq, i + 1);
 }
 
 __global__ void latch_mismatch_kernel(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
                                       TransferLatch* latch, int64_t src_device, int64_t dst_device,
-                                      int64_t num_bytes) {
+                                      int64_t num_bytes, int64_t index) {
   // NOTE: uncached loads: the hashes may sit in mapped host memory written by another device.
   const uint64_t expected = src_hash != nullptr ? __ldcv(reinterpret_cast<const unsigned long long*>(src_hash))
                                                 : src_hash_value;
   const uint64_t got = __ldcv(reinterpret_cast<const unsigned long long*>(dst_hash));
-  if (expected != got) latch_record(latch, src_device, dst_device, num_bytes, expected, got);
+  if (expected != got) latch_record(latch, src_device, dst_device, num_bytes, expected, got, index);
 }
 
 // The deferred checker of a guarded verification (pyxfer/verify_words.h): judge the words, latch a
 // mismatch, then prefill them again, consuming this call's tokens (a kernel of the next call, or of
 // the next replay, that does not run leaves the prefill, which fails the check).
 __global__ void check_verify_kernel(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
-                                    TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes) {
+                                    TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
+                                    int64_t index) {
   // NOTE: uncached loads: mapped host memory written by kernels on both devices.
   const auto load = [](const uint64_t* p) { return uint64_t(__ldcv(reinterpret_cast<const unsigned long long*>(p))); };
   VerifyWords w;
@@ -51,7 +53,7 @@ __global__ void check_verify_kernel(VerifyWords* words, uint64_t seq, uint64_t s
   w.src_token = load(&words->src_token);
   w.dst_token = load(&words->dst_token);
   const verify::Verdict v = verify::judge(w, seq, src_canary, dst_canary);
-  if (!v.ok) latch_record(latch, src_device, dst_device, num_bytes, v.src_hash, v.dst_hash);
+  if (!v.ok) latch_record(latch, src_device, dst_device, num_bytes, v.src_hash, v.dst_hash, index);
   verify::prefill(words);
   __threadfence_system();
 }
@@ -106,17 +108,17 @@ __global__ void pointer_chase_kernel(const int64_t* __restrict__ ring, int64_t n
 
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
                                   TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
-                                  cudaStream_t stream) {
+                                  int64_t index, cudaStream_t stream) {
   latch_mismatch_kernel<<<1, 1, 0, stream>>>(src_hash, src_hash_value, dst_hash, latch, src_device, dst_device,
-                                             num_bytes);
+                                             num_bytes, index);
   return cudaGetLastError();
 }
 
 cudaError_t launch_check_verify(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
                                 TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
-                                cudaStream_t stream) {
+                                int64_t index, cudaStream_t stream) {
   check_verify_kernel<<<1, 1, 0, stream>>>(words, seq, src_canary, dst_canary, latch, src_device, dst_device,
-                                           num_bytes);
+                                           num_bytes, index);
   return cudaGetLastError();
 }
 

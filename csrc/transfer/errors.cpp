@@ -21,6 +21,8 @@ thread_local TransferErrors host_latch;
 // A thread reads back the failure its own sync copy raised (the op call and its caller share it).
 thread_local TransferErrorRecord sync_error;
 
+thread_local int64_t current_batch_index = -1;
+
 std::string hex(uint64_t v) {
   std::ostringstream s;
   s << "0x" << std::hex << v;
@@ -28,11 +30,12 @@ std::string hex(uint64_t v) {
 }
 
 // [count, src, dst, num_bytes, src_hash, dst_hash, route (0 not recorded, 1 direct, 2 staged),
-// attempt, retry_dst_hash], hashes as the int64 of their bits; [] for no failure.
+// attempt, retry_dst_hash, index (in a verified_copy_many call; -1: none)], hashes as the int64 of their
+// bits; [] for no failure.
 std::vector<int64_t> encode(const TransferErrorRecord& r) {
   if (r.count == 0) return {};
   return {r.count, r.src, r.dst, r.num_bytes, int64_t(r.src_hash), int64_t(r.dst_hash),
-          int64_t(r.route), r.attempt, int64_t(r.retry_dst_hash)};
+          int64_t(r.route), r.attempt, int64_t(r.retry_dst_hash), r.index};
 }
 
 // The first record as encode() lays it out (count: every mismatch), then [src, dst] of each later
@@ -71,6 +74,12 @@ std::vector<int64_t> take_sync_transfer_error_op() {
 
 }  // namespace
 
+int64_t batch_index() { return current_batch_index; }
+
+BatchIndexScope::BatchIndexScope(int64_t index) : previous_(current_batch_index) { current_batch_index = index; }
+
+BatchIndexScope::~BatchIndexScope() { current_batch_index = previous_; }
+
 void latch_host_error(int64_t src, int64_t dst, int64_t num_bytes, uint64_t src_hash, uint64_t dst_hash) {
   ++host_latch.count;
   if (host_latch.records.size() >= kHostRecords) return;
@@ -81,12 +90,14 @@ void latch_host_error(int64_t src, int64_t dst, int64_t num_bytes, uint64_t src_
   r.num_bytes = num_bytes;
   r.src_hash = src_hash;
   r.dst_hash = dst_hash;
+  r.index = current_batch_index;
   host_latch.records.push_back(r);
 }
 
 void raise_transfer_error(const TransferErrorRecord& r) {
   sync_error = r;
-  TORCH_CHECK(false, "pyxfer.TransferError: copy ", device_name(r.src), " -> ", device_name(r.dst), " of ",
+  const std::string which = r.index >= 0 ? "tensors[" + std::to_string(r.index) + "]: " : "";
+  TORCH_CHECK(false, "pyxfer.TransferError: ", which, "copy ", device_name(r.src), " -> ", device_name(r.dst), " of ",
               r.num_bytes, " bytes failed verification on the ", r.route == Route::kDirect ? "direct" : "staged",
               " path and again on the staged path: source PXH64 ", hex(r.src_hash), ", destination PXH64 ",
               hex(r.dst_hash), " (first try), ", hex(r.retry_dst_hash), " (staged retry)");

@@ -108,6 +108,7 @@ at::Tensor conclude(const at::Tensor& s, at::Device dst_device, Route route, Ver
   failure.route = route;
   failure.attempt = 2;
   failure.retry_dst_hash = second.dst_hash;
+  failure.index = batch_index();
   raise_transfer_error(failure);
 }
 
@@ -238,6 +239,55 @@ at::Tensor verified_copy_autograd(const at::Tensor& src, at::Device device, c10:
   return VerifiedCopyFunction::apply(src, device, std::string(route), std::string(verify), pin_memory);
 }
 
+// ---- verified_copy_many: each tensor through verified_copy's protocol, its index recorded with its failures ----
+// NOTE: no batched kernels yet (issue 34 item 5): one protocol run per tensor, in input order, inside one
+// op call. Zero-byte tensors take no fault (faults.cpp), so a fault hits the first non-empty tensor of its pair.
+
+constexpr const char* kManyOp = "pyxfer.verified_copy_many";
+
+// Everything verified_copy would refuse before its first copy, checked for every tensor before any is copied
+// (nothing half-done): tensors, devices, route, verify.
+void check_many(const at::TensorList srcs, at::Device device, c10::string_view route, c10::string_view verify) {
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const std::string arg = "srcs[" + std::to_string(i) + "]";
+    check_dense(kManyOp, arg.c_str(), srcs[i]);
+    // NOTE: the per-key rejecting kernels (pyxfer/_checks.py) cover single tensor arguments, not a list's
+    TORCH_CHECK(!srcs[i].is_quantized(), kManyOp, ": ", arg, " must be a non-quantized tensor, got a quantized ",
+                srcs[i].scalar_type(), " tensor");
+    check_device(kManyOp, (arg + ".device").c_str(), srcs[i].device());
+  }
+  check_device(kManyOp, "device", device);
+  parse_route(kManyOp, route);
+  TORCH_CHECK(verify == "sync" || verify == "deferred" || verify == "none", kManyOp,
+              ": verify must be 'sync', 'deferred' or 'none', got '", std::string(verify), "'");
+}
+
+std::vector<at::Tensor> verified_copy_many_impl(at::TensorList srcs, at::Device device, c10::string_view route,
+                                                c10::string_view verify, bool pin_memory) {
+  check_many(srcs, device, route, verify);
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::vector<at::Tensor> out;
+  out.reserve(srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const BatchIndexScope scope{int64_t(i)};
+    out.push_back(VerifiedCopyFunction::verified_copy_op(srcs[i], device, route, verify, pin_memory));
+  }
+  return out;
+}
+
+// Each result differentiable exactly when verified_copy's would be (its own autograd node).
+std::vector<at::Tensor> verified_copy_many_autograd(at::TensorList srcs, at::Device device, c10::string_view route,
+                                                    c10::string_view verify, bool pin_memory) {
+  check_many(srcs, device, route, verify);
+  std::vector<at::Tensor> out;
+  out.reserve(srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const BatchIndexScope scope{int64_t(i)};
+    out.push_back(verified_copy_autograd(srcs[i], device, route, verify, pin_memory));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string device_name(int64_t code) { return code == kCpuCode ? "cpu" : "cuda:" + std::to_string(code); }
@@ -261,11 +311,13 @@ const std::vector<PathFamily>& path_families() { return families(); }
 TORCH_LIBRARY_IMPL(pyxfer, CompositeExplicitAutograd, m) {
   m.impl("verified_copy", &verified_copy_impl);
   m.impl("staged_copy", &staged_copy_impl);
+  m.impl("verified_copy_many", &verified_copy_many_impl);
 }
 
 TORCH_LIBRARY_IMPL(pyxfer, Autograd, m) {
   m.impl("verified_copy", &verified_copy_autograd);
   m.impl("staged_copy", &staged_copy_autograd);
+  m.impl("verified_copy_many", &verified_copy_many_autograd);
 }
 
 }  // namespace pyxfer

@@ -89,6 +89,18 @@ def _verified_copy(device, gen):
     return [(t, dst, "auto", "sync") for t, dst in _copies(device, gen)]
 
 
+def _verified_copy_many(device, gen):
+    """Each destination's sources as one list (mixed layouts; on CUDA cuda:0 and CPU sources together), and
+    a list of one, deferred."""
+    by_dst = {}
+    for t, dst in _copies(device, gen):
+        by_dst.setdefault(dst, []).append(t)
+    if device != "cpu":
+        by_dst[torch.device("cuda:0")] += _some_layouts(torch.int32, gen, "cuda:0")
+    return [(ts, dst, "auto", "sync") for dst, ts in by_dst.items()] + [(ts[:1], dst, "direct", "deferred")
+                                                                         for dst, ts in by_dst.items()]
+
+
 def _staged_copy(device, gen):
     return _copies(device, gen)
 
@@ -164,6 +176,7 @@ SAMPLES = {
     "checksum_partial": _checksum_partial,
     "checksum_combine": _checksum_combine,
     "verified_copy": _verified_copy,
+    "verified_copy_many": _verified_copy_many,
     "staged_copy": _staged_copy,
     "sm_copy": _sm_copy,
     "pointer_chase": _pointer_chase,

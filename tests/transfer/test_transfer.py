@@ -129,8 +129,8 @@ def test_sync_error_record_through_the_raw_op(gen):
             torch.ops.pyxfer.verified_copy(src, torch.device("cpu"), "direct", "sync")
     record = torch.ops.pyxfer.take_sync_transfer_error()
     mask = (1 << 64) - 1
-    count, s, d, n, src_hash, dst_hash, route, attempt, retry_hash = record
-    assert (count, s, d, n, route, attempt) == (1, -1, -1, 4099, 1, 2)  # route code 1: direct
+    count, s, d, n, src_hash, dst_hash, route, attempt, retry_hash, index = record
+    assert (count, s, d, n, route, attempt, index) == (1, -1, -1, 4099, 1, 2, -1)  # route 1: direct; -1: no batch
     assert src_hash & mask == pyxfer.checksum(src)
     assert dst_hash & mask in one_bit_flip_hashes(logical_bytes(src))
     assert retry_hash & mask == pyxfer.checksum(torch.zeros(4099, dtype=torch.uint8))

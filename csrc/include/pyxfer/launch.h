@@ -126,6 +126,7 @@ struct TransferLatchRecord {
   unsigned long long seq;  // i + 1 once mismatch i's fields below are complete; 0 or another value: not
   long long src_device, dst_device, num_bytes;
   unsigned long long src_hash, dst_hash;
+  long long index;  // the tensor's index in its verified_copy_many call; -1: a single copy
 };
 struct TransferLatch {
   unsigned long long count;                        // mismatches ever latched here (never reset)
@@ -133,11 +134,12 @@ struct TransferLatch {
 };
 
 // If *dst_hash differs from the source hash (*src_hash, or src_hash_value when src_hash is null),
-// count it in *latch (device memory of the current device) and record its details. `src_hash` may be
-// mapped host memory written by another device (read uncached). One thread, no host wait.
+// count it in *latch (device memory of the current device) and record its details (`index`: the tensor's
+// index in its verified_copy_many call, -1 for a single copy). `src_hash` may be mapped host memory written by
+// another device (read uncached). One thread, no host wait.
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
                                   TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
-                                  cudaStream_t stream);
+                                  int64_t index, cudaStream_t stream);
 
 // The deferred checker of a guarded verification (pyxfer/verify_words.h): judges *words for call `seq`
 // (source hashed on the device with src_canary, destination on dst_canary), latches a mismatch in
@@ -145,7 +147,7 @@ cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_va
 // `words` may be mapped host memory written by other devices (read uncached). One thread.
 cudaError_t launch_check_verify(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
                                 TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
-                                cudaStream_t stream);
+                                int64_t index, cudaStream_t stream);
 
 // Fault injection that always writes wrong bytes: if PXH64 `a` (*a, or a_value when a is null) equals
 // PXH64 `b` (*b) -- the faulty destination still equals the source -- *byte ^= 1. `a` and `b` may be
