@@ -107,6 +107,10 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, bool columnwise, ScalarType out_dtype) -> Tensor");
   // out[b, a, ...] = src[a, b, ...]: rank-major gathered buffers to the layout the format needs.
   m.def("swap_first_dims(Tensor src) -> Tensor");
+  // The all-gather pyxfer.all_gather runs on gloo, from and into the caller's CPU buffers (addresses:
+  // num_bytes from `in_address`, world x num_bytes into `out_address`; `group`: a process group's name in
+  // torch's group registry), waited for; gloo is handed views made in C++ (csrc/cpu/gloo_all_gather.cpp).
+  m.def("gloo_all_gather_bytes(str group, int out_address, int in_address, int num_bytes) -> ()");
 }
 
 // `import pyxfer._C` runs the static registrations above; the module itself is empty.

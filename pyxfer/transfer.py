@@ -110,19 +110,24 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     """
     op = "pyxfer.verified_copy"
     check_tensor(op, "src", src)
-    check_bool(op, "pin_memory", pin_memory)
-    route = default_route() if route is None else route
-    if route not in ROUTES:
-        raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
-    device = as_device(op, "device", device)
+    route, device = _check_options(op, device, route, verify, pin_memory)
     try:
         return _verified_copy_op(src, device, route, verify, pin_memory)
     except RuntimeError as e:
         if _NATIVE_PREFIX in str(e):
             raise _sync_error(str(e)) from None
         raise
+
+
+def _check_options(op, device, route, verify, pin_memory):
+    """verified_copy's options checked (errors name ``op``): the route (None: PYXFER_ROUTE's) and the device."""
+    check_bool(op, "pin_memory", pin_memory)
+    route = default_route() if route is None else route
+    if route not in ROUTES:
+        raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
+    return route, as_device(op, "device", device)
 
 
 def verified_copy_many(tensors, device, *, route=None, verify: str = "sync", pin_memory: bool = True) -> list:
@@ -145,13 +150,7 @@ def verified_copy_many(tensors, device, *, route=None, verify: str = "sync", pin
         raise TypeError(f"{op}: tensors must be a list or tuple of torch.Tensor, got {type(tensors).__name__}")
     for i, t in enumerate(tensors):
         check_tensor(op, f"tensors[{i}]", t)
-    check_bool(op, "pin_memory", pin_memory)
-    route = default_route() if route is None else route
-    if route not in ROUTES:
-        raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
-    device = as_device(op, "device", device)
+    route, device = _check_options(op, device, route, verify, pin_memory)
     if not tensors:
         return []
     try:

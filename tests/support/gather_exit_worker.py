@@ -4,15 +4,16 @@ interpreter's normal exit, and prints one JSON object: how the processes ended.
 
 Each rank of a run keeps a reference to its group until exit (as programs do with the groups they
 make), makes 4 agreeing calls (the group goes fused), one where rank 1 passes None and one where it
-passes another dim 0 (every rank raises the documented error), one agreeing call, and a last one:
-rank 0 makes it with ``async_op=True``, drops the handle unwaited, calls destroy_process_group() and
-exits; its last exit step (the first atexit handler, registered before torch is imported) blocks in
-C code that keeps the GIL, as C extensions may, and only then does rank 1 post its part of the call
-(sync), call destroy_process_group() and exit. So rank 0's collective completes while it holds the
-GIL just before finalizing: a gloo worker thread that must then free a Python object (a posted tensor
-pyxfer dropped) gets the GIL only in finalization, and the process aborts after Python finished
-("terminate called without an active exception", SIGABRT). Shards are fresh random (5, 3) tensors;
-every result is checked exactly.
+passes another dim 0 (every rank raises the documented error), one agreeing call, and a last one, which
+rank 0 makes with ``async_op=True`` and drops unwaited, calls destroy_process_group() and exits, holding
+the GIL in its last exit step (the first atexit handler, registered before torch is imported: a C call
+that keeps the GIL, as C extensions may, with forced thread switches off) while rank 1 posts its part
+POST_DELAY_S after the call began. Gloo's worker thread drops its references to a collective's tensors
+just after the collective completed: a posted tensor with a Python object then needs the GIL on that
+thread, which it gets only in finalization, and the process aborts after Python finished ("terminate
+called without an active exception", SIGABRT). pyxfer posts to gloo only buffers without Python objects
+and waits (so rank 0's call returns once rank 1 posted, and nothing of it is left to gloo at exit).
+Shards are fresh random (5, 3) tensors; every result is checked exactly.
 
     python gather_exit_worker.py --runs 12 --parallel 4 --dir TMPDIR
 """
@@ -20,16 +21,14 @@ import atexit
 import ctypes
 import sys
 
-_hold_at_exit = []  # rank 0: (marker file, seconds)
+_hold_at_exit = []  # the seconds to hold the GIL at the last exit step
 
 
 @atexit.register  # first registered, so the last to run: nothing after it releases the GIL before finalizing
 def _hold_gil_at_exit():
     if _hold_at_exit:
-        marker, seconds = _hold_at_exit[0]
         sys.setswitchinterval(60)  # a thread that waits for the GIL from now on does not force a switch
-        open(marker, "w").close()  # rank 1 posts now
-        ctypes.PyDLL(None).sleep(seconds)  # a PyDLL call keeps the GIL
+        ctypes.PyDLL(None).sleep(_hold_at_exit[0])  # a PyDLL call keeps the GIL
 
 
 import argparse  # noqa: E402 (after the handler above, on purpose)
@@ -45,10 +44,11 @@ import torch.distributed as dist  # noqa: E402
 import pyxfer  # noqa: E402
 
 GROUPS = []  # the groups the program still references at exit
-HOLD_S = 2  # seconds rank 0 holds the GIL at exit; rank 1 posts at its start
+HOLD_S = 4  # seconds rank 0 holds the GIL at exit
+POST_DELAY_S = 1.5  # rank 1 posts the last call this long after rank 0 made it
 
 
-def run_rank(rank, init, marker, seed):
+def run_rank(rank, init, seed):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
     GROUPS.append(dist.group.WORLD)
@@ -70,15 +70,12 @@ def run_rank(rank, init, marker, seed):
             raise AssertionError(f"rank {rank}: no error raised for a disagreeing call")
     assert torch.equal(agreeing(5), full[5])
     if rank == 0:
-        agreeing(6, async_op=True)  # dropped unwaited: the collective completes once rank 1 posts
-        dist.destroy_process_group()  # the group lives on (GROUPS) and completes it
-        _hold_at_exit.append((marker, HOLD_S))
+        handle = agreeing(6, async_op=True)
+        del handle  # dropped unwaited
+        dist.destroy_process_group()  # the group lives on (GROUPS)
+        _hold_at_exit.append(HOLD_S)
     else:
-        deadline = time.monotonic() + 300  # a guard against hanging, far beyond any run
-        while not os.path.exists(marker):  # rank 0 holds the GIL at exit
-            if time.monotonic() > deadline:
-                raise RuntimeError("rank 0 never reached its exit")
-            time.sleep(0.01)
+        time.sleep(POST_DELAY_S)  # rank 0 holds the GIL at exit by now (with a pending collective, before the fix)
         assert torch.equal(agreeing(6), full[6])
         dist.destroy_process_group()
 
@@ -94,19 +91,17 @@ def main():
     for first in range(0, a.runs, a.parallel):
         pids = []
         for r in range(first, min(a.runs, first + a.parallel)):
-            init, marker = f"file://{os.path.join(a.dir, f'init{r}')}", os.path.join(a.dir, f"holding{r}")
+            init = f"file://{os.path.join(a.dir, f'init{r}')}"
             seed = int.from_bytes(os.urandom(4), "little")
             for rank in (0, 1):
                 pid = os.fork()
                 if pid == 0:  # the child: run, then leave through the interpreter's normal exit
                     code = 0
                     try:
-                        run_rank(rank, init, marker, seed)
+                        run_rank(rank, init, seed)
                     except BaseException as e:  # noqa: BLE001 (reported as an exit code)
                         print(f"run {r} rank {rank} (seed {seed}): {type(e).__name__}: {e}", file=sys.stderr)
                         code = 3
-                        if rank == 0:  # rank 1 waits for the marker
-                            open(marker, "w").close()
                     sys.exit(code)
                 pids.append(pid)
         for pid in pids:
