@@ -143,7 +143,7 @@ def test_pointer_chase_rejects_bad_arguments(ring, hops, device, exc, message):
 # ---- the PNG
 
 def test_text_color_follows_the_cell():
-    import matplotlib
+    matplotlib = pytest.importorskip("matplotlib")
     cmap = matplotlib.colormaps["viridis"]
     assert bench._text_color(cmap(1.0)) == "black"  # yellow: white digits were unreadable on it (run Q)
     assert bench._text_color(cmap(0.85)) == "black"
