@@ -11,20 +11,10 @@ import pytest
 
 from pyxfer.gather import GatherVerificationError
 
+from support.gather_errors import make_error as _make
+from support.gather_errors import raise_error
+
 FIELDS = ("src_rank", "rank", "buffer", "num_bytes", "expected", "actual")
-
-
-def _make(seed):
-    """An error with fields that differ from one another (so a swap shows), hashes over 2**63."""
-    g = int.from_bytes(seed, "little")
-    fields = dict(src_rank=3 + g % 5, rank=g % 3, buffer="columnwise_scale_inv", num_bytes=2 ** 20 + 3 + g % 1000,
-                  expected=2 ** 63 + g % 2 ** 62, actual=(g * 7919) % 2 ** 63 + 1)
-    message = f"pyxfer.all_gather: the columnwise_scale_inv shard from rank {fields['src_rank']} arrived corrupted"
-    return GatherVerificationError(message, **fields), message, fields
-
-
-def _raise_in_worker(seed):  # runs in the pool's worker process
-    raise _make(seed)[0]
 
 
 def _check(got, message, fields, notes):
@@ -54,7 +44,7 @@ def test_raised_in_a_process_pool_worker_reaches_the_caller():
     _, message, fields = _make(seed)
     # spawn: a fresh interpreter, as on every platform's default start method
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        future = pool.submit(_raise_in_worker, seed)
+        future = pool.submit(raise_error, seed)
         with pytest.raises(GatherVerificationError) as info:
             future.result(timeout=300)
         _check(info.value, message, fields, None)
