@@ -70,7 +70,6 @@ option, the --compare document and the outputs' paths are checked before anythin
 for an output that could not be written after the run (the run is then saved in a new file of the
 temporary directory, and the message says where).
 """
-import contextlib
 import datetime
 import json
 import os
@@ -104,6 +103,7 @@ from .bench_measure import (  # noqa: F401
 )
 from .bench_report import _text_color, matrix, plot, print_results  # noqa: F401
 from .bench_schema import MODES, SCHEMA, SCHEMA_VERSION, compare, read_compare, validate  # noqa: F401
+from .files import write_json_atomic
 from .timing import fmt_size
 
 # The kit: bench_measure measures, bench_report prints and draws, bench_schema defines and checks the
@@ -161,15 +161,7 @@ def _write_json(doc, path):
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_json_atomic(path, doc)
 
 
 def _save_elsewhere(doc):

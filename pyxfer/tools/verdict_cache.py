@@ -11,7 +11,6 @@ this process. A cache made under another key (other GPUs, driver, torch or pyxfe
 a RuntimeWarning naming what differs; so is a file that is not a verdict cache (another schema, a
 ``key`` or ``pairs`` of the wrong shape): nothing of it is returned.
 """
-import contextlib
 import json
 import os
 import time
@@ -67,15 +66,9 @@ def save_verdicts(pairs, path=None) -> str:
                       "verdict": p["verdict"]} for p in pairs]}
     path = cache_path(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)  # never leave the temporary file behind (a directory at ``path``, a full disk)
-        raise
+    from .files import write_json_atomic  # here: reading the cache at import pyxfer needs none of it
+
+    write_json_atomic(path, doc)
     return path
 
 
