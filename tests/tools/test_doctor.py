@@ -89,7 +89,9 @@ def test_fault_from_the_environment_gives_the_verdict(capsys, monkeypatch, tmp_p
     if kind == "bitflip":
         assert [p["wrong_bytes"] for p in hit] == [1, 1, 1]
     else:
-        assert all(p["first_offset"] == 0 for p in hit)  # random data is rarely zero at byte 0... or the sentinel
+        # zeros are wrong wherever the random source is not zero: near the start, about 255/256 of the bytes
+        # (the probe's seed is random per run, so byte 0 itself is zero in 1 run of 256)
+        assert all(p["first_offset"] < 8 and p["wrong_bytes"] > p["bytes"] * 0.98 for p in hit)
     assert not doc["cache"]["written"] and "PYXFER_INJECT_FAULT" in doc["cache"]["note"]
     assert not (tmp_path / "verdicts.json").exists()
     if kind == "bitflip":
