@@ -8,6 +8,7 @@ import torch
 
 from .._devices import as_device
 from .bench_schema import MODES
+from .destinations import SENTINEL, compare, describe
 from .pairs import parse_pairs
 from .timing import Samples, cpu_samples, cuda_samples, fmt_gbps, fmt_size, stream_samples
 
@@ -136,10 +137,10 @@ class _Point:
         self.checks = []  # (destination tensor, the source it must equal)
         dev = _device(dst)
         if mode in ("ce", "sm_pull", "sm_push", "ce_bidir"):
-            self.out = _buffer(dst, n, fill=0xC3)
+            self.out = _buffer(dst, n, fill=SENTINEL)
             if mode == "ce_bidir":
                 self.back_src = _buffer(dst, n, data=data_gpu)
-                self.back_out = _buffer(src, n, fill=0xC3)
+                self.back_out = _buffer(src, n, fill=SENTINEL)
                 self.fwd_streams, self.back_streams = _direction_streams(src, dst), _direction_streams(dst, src)
                 self.checks.append(lambda: (self.back_out, self.back_src))
             if mode == "ce_bidir":
@@ -206,7 +207,6 @@ class _Point:
 
     def check(self):
         """("ok" | "corrupt", detail): each destination's PXH64 on its own device against its source's."""
-        from ..checksums import checksum
         from ..transfer import TransferError, check_transfers
 
         if self.mode == "verified_deferred":
@@ -217,11 +217,9 @@ class _Point:
         bad = []
         for get in self.checks:
             out, src = get()
-            want, got = checksum(src), checksum(out)
-            if want != got:
-                wrong = (out.reshape(-1).cpu() != src.reshape(-1).cpu()).nonzero()
-                bad.append(f"{out.device}: PXH64 {got:#018x}, source {want:#018x}; {len(wrong)} wrong bytes, "
-                           f"the first at offset {int(wrong[0]) if len(wrong) else '?'}")
+            diff = compare(out, src)
+            if diff is not None:
+                bad.append(describe(out.device, diff))
         return ("corrupt", "; ".join(bad)) if bad else ("ok", "")
 
 

@@ -43,6 +43,21 @@ def _seconds(text):
     return _number(text)
 
 
+def _count(text):
+    """A number of repetitions: an integer from 1 to 1e6."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 1000000, got {text!r}")
+    return int(text)
+
+
+def _duration(text):
+    """A run's length: finite seconds >= 0, at most MAX_TIMEOUT_S."""
+    if not 0 <= _number(text) <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to {MAX_TIMEOUT_S:.0f} (a week), "
+                                         f"got {text!r}")
+    return _number(text)
+
+
 def _fraction(upper_included):
     """A fraction in (0, 1] (``upper_included``) or (0, 1): 1 and above would flag what is not slower."""
     def parse(text):
@@ -105,19 +120,34 @@ def build_parser():
     d = sub.add_parser("doctor", help="check the build, the GPUs and every device pair (a verdict per pair)",
                        description="Self-checks, then a verdict per ordered device pair: ok, corrupt, dropped, "
                                    "slow, unsupported, hung or error. Exit code 1 unless everything is ok.")
-    d.add_argument("--json", action="store_true", help="print one JSON document (schema pyxfer.doctor, version 2)")
+    d.add_argument("--json", action="store_true", help="print one JSON document (schema pyxfer.doctor, version 3)")
+    d.add_argument("--env", action="store_true",
+                   help="print shell exports that keep other software off vetoed pairs (eval \"$(pyxfer doctor "
+                        "--env)\"): from the verdict cache when it was made on this machine, else the doctor runs "
+                        "first (its summary on stderr)")
     d.add_argument("--pairs", metavar="SRC->DST,...",
                    help="probe only these ordered pairs, e.g. 'cpu->cuda:0,cuda:0->cuda:1' (default: host <-> every "
                         "GPU and every GPU pair)")
+    d.add_argument("--repeat", type=_count, default=1, metavar="N",
+                   help="probe every pair N times (fresh data each time; intermittent faults need repetition): the "
+                        "verdict is the worst run's, with counts per verdict (default 1)")
+    d.add_argument("--duration", type=_duration, default=0.0, metavar="S",
+                   help="keep probing rounds until S seconds have passed (at least --repeat rounds)")
     d.add_argument("--timeout", type=_seconds, default=30.0, metavar="S",
                    help="seconds a pair's probes may take before the pair is 'hung' (default 30)")
-    d.add_argument("--large", type=_size, default=64 << 20, metavar="SIZE",
-                   help="the large probe size (default 64MiB; cpu -> cpu uses at most 16MiB)")
+    d.add_argument("--large", type=_size, default=256 << 20, metavar="SIZE",
+                   help="the large probe size, also the bandwidth burst's (default 256MiB; the absolute floors "
+                        "need at least 256MiB; cpu -> cpu uses at most 16MiB)")
     d.add_argument("--slow-fraction", type=_fraction(True), default=0.5, metavar="F",
-                   help="'slow' under F x the median GB/s of comparable pairs (default 0.5)")
+                   help="'slow' under F x the median GB/s of comparable pairs (default 0.5), or under the pair's "
+                        "absolute floor")
+    d.add_argument("--floors", metavar="FILE",
+                   help="more absolute bandwidth floors, tried before the built-in ones: JSON {\"floors\": [{\"gpu\": "
+                        "REGEX, \"path\": nvlink|pcie|peer|host, \"pcie_gen\": N, \"gbps\": X}]} (see "
+                        "pyxfer.tools.floors)")
     d.add_argument("--cache", type=_output_path(), metavar="PATH",
                    help="verdict cache file (default $PYXFER_DOCTOR_CACHE or ~/.cache/pyxfer/doctor-verdicts.json)")
-    d.add_argument("--no-cache", action="store_true", help="do not write the verdict cache")
+    d.add_argument("--no-cache", action="store_true", help="do not write (nor, with --env, read) the verdict cache")
 
     b = sub.add_parser("bench", help="bandwidth and latency matrices: copy engine, SM kernel, staged, verified",
                        description="Bandwidth (GB/s, 1e9 bytes/s) of every ordered pair and mode; "

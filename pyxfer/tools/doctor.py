@@ -9,19 +9,29 @@ on a machine without GPUs):
   corrupt      a destination held wrong bytes (evidence: path, size, first wrong offset, count)
   dropped      a destination was all zeros or still the sentinel it was filled with
   slow         right bytes, but under --slow-fraction (0.5) of the median GB/s of comparable pairs
-               (GPU -> GPU, host -> GPU, GPU -> host) in the same run
+               (GPU -> GPU, host -> GPU, GPU -> host) in the same run, or under the pair's absolute floor
+               (pyxfer.tools.floors: per GPU model and link, e.g. H100 / H200 SXM NVLink 335 GB/s)
   unsupported  no peer access between the GPUs: their copies route staged (the staged path is probed)
   hung         a probe did not finish within --timeout seconds (its child process was killed)
   error        a probe raised or its process died (a sticky CUDA error, ...): the evidence says what
 
-Probes: random bytes at 3 sizes (4093 B, 4 MiB and --large, default 64 MiB; 16 MiB for cpu -> cpu)
+Every pair also gets its path (nvlink, pcie, peer, none, local, host, memory: pyxfer.tools.advice) and, when
+its verdict is not ok, the advice for that path: what to check next. With --repeat N / --duration S every
+pair is probed in several rounds (fresh data each time: intermittent faults need repetition); its verdict is
+the worst round's, with the count of each verdict.
+
+Probes: random bytes at 3 sizes (4093 B, 4 MiB and --large, default 256 MiB; 16 MiB for cpu -> cpu)
 copied into sentinel-filled (0xC3) destinations along each path: "ce" (torch's copy_, the copy engine
 for host <-> GPU and peer pairs), "sm" (pyxfer's copy kernel on the destination GPU reading the
 source's memory, torch.ops.pyxfer.sm_copy; GPU pairs with peer access), "pyxfer" (pyxfer's direct path, unverified:
-the path verified copies take first) — each destination checked with PXH64 on its own device — then
-one 4 KiB copy with an injected bit flip that must be caught, proving the check works. GB/s is the
-large "ce" copy's. Every probe runs in a child process under a watchdog, so a sticky CUDA error or a
-hang takes down only the child: the pair is reported and the doctor carries on in a fresh child.
+the path verified copies take first), "staged" (through host memory: pairs without peer access, and peer
+pairs, where it is pyxfer's fallback and the rate a direct path must beat) — each destination checked with
+PXH64 on its own device (pyxfer.tools.destinations) — then one 4 KiB copy with an injected bit flip that must
+be caught, proving the check works. GB/s is that of BURST (4) back-to-back "ce" copies of the large size,
+checked again after them ("ce-burst"). Every probe runs in a child process under a watchdog, so a sticky
+CUDA error or a hang takes down only the child: the pair is reported and the doctor carries on in a fresh
+child. The NVLink / PCIe error counters are read through NVML before and after the probes (nvidia-ml-py,
+optional): a rise fails the "link error counters" check and is reported against the pairs of that GPU.
 
 A fault armed from $PYXFER_INJECT_FAULT is in the children too: the report names it next to every
 verdict it can have caused; a malformed value is a failed check. The probes name their routes, so
@@ -29,18 +39,23 @@ the environment the user's copies run with is checked on its own: a PYXFER_* val
 when it reads it (PYXFER_ROUTE=fast makes every default-route verified_copy raise; a peer knob the
 CUDA path refuses; a PYXFER_HEALTH_FROM_DOCTOR that loads nothing) is a failed check. The verdicts
 are cached (see pyxfer.tools.verdict_cache; not when a fault was armed from the environment) for
-pyxfer.health.load_doctor_verdicts. Exit code 0 when every check passed and every pair is ok, else 1;
+pyxfer.health.load_doctor_verdicts and for other software: --env prints them as shell exports
+(pyxfer.tools.exports). Exit code 0 when every check passed and every pair is ok, else 1;
 2 for a bad option (said before anything is probed).
 
---json prints one document (schema "pyxfer.doctor", version 2):
-  schema, schema_version, ok (bool), seconds,
+--json prints one document (schema "pyxfer.doctor", version 3):
+  schema, schema_version, ok (bool), seconds, rounds,
   build {pyxfer, torch, cuda, cuda_version, cuda_archs, ...}, system {python, platform, torch,
   torch_cuda, driver}, gpus [{index, name, uuid, capability, memory_gib, sms}], peer_access [[bool|null]],
-  injected_fault: null | {spec, kind, path, src, dst, times},
+  links {nvml: bool, why, pcie {"cuda:N": {gen, width}}, kinds {"cuda:I->cuda:J": "nvlink"|"pcie"}},
+  counters {available, why, before / after / rises {"cuda:N": {counter: int}}},
+  floors {applied, count, note}, injected_fault: null | {spec, kind, path, src, dst, times},
   checks [{check, status: "ok"|"FAIL"|"skip", detail, seconds}],
-  pairs [{src, dst, verdict, evidence: [str], gbps: float|null, seconds, fault_from_env: bool,
+  pairs [{src, dst, path, verdict, evidence: [str], advice: [str], notes: [str], gbps: float|null,
+          staged_gbps, floor_gbps, floor_source, seconds, runs, counts {verdict: n}, link_errors {str: int},
+          fault_from_env: bool,
           probes [{path, bytes, result: "ok"|"corrupt"|"dropped"|"injected-caught"|"injected-missed",
-                   first_offset?, wrong_bytes?, gbps?}]}],
+                   first_offset?, wrong_bytes?, gbps?, copies?}]}],
   cache {path, written: bool, note}
 """
 import json
@@ -59,6 +74,12 @@ import time
 import torch
 
 from .._devices import as_device
+from .advice import advice
+from .destinations import SENTINEL, compare, sentinel_bytes
+from .floors import MIN_BYTES as MIN_FLOOR_BYTES
+from .floors import PATHS as FLOOR_PATHS
+from .floors import floor_for, load_floors
+from .links import counter_rises, nvml_facts, read_counters
 from .machine import driver_version, gpus, peer_matrix
 from .pairs import parse_pairs
 
@@ -66,9 +87,9 @@ __all__ = ["VERDICTS", "SCHEMA", "SCHEMA_VERSION", "Report", "doctor", "print_re
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
 VERDICTS = ("ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error")
-SCHEMA, SCHEMA_VERSION = "pyxfer.doctor", 2
-SENTINEL = 0xC3  # destinations are filled with it before each probe copy
+SCHEMA, SCHEMA_VERSION = "pyxfer.doctor", 3
 SMALL = 4093  # an odd size: the tail of every vectorized loop
+BURST = 4  # back-to-back copies of the large probe for a pair's GB/s
 MIB = 1 << 20
 # Test-only: "hang:SRC->DST" makes the probe of that pair never finish (the watchdog's case),
 # "crash:SRC->DST" makes its process die without a word (SIGABRT, as a crashing driver would).
@@ -275,25 +296,31 @@ def _sync(*devices):
 def _classify(out, expected_hash, src):
     """("ok" | "corrupt" | "dropped", details): PXH64 of ``out`` on its own device against the source's;
     on a mismatch the bytes are compared on the host for the evidence."""
-    from ..checksums import checksum
-
-    if checksum(out) == expected_hash:
+    diff = compare(out, src, expected_hash)
+    if diff is None:
         return "ok", {}
-    got = out.reshape(-1).view(torch.uint8).cpu()
-    wrong = (got != src.reshape(-1).cpu()).nonzero()
-    details = {"first_offset": int(wrong[0]) if len(wrong) else None, "wrong_bytes": int(len(wrong))}
-    if bool((got == 0).all()) or bool((got == SENTINEL).all()):
-        return "dropped", details
-    return "corrupt", details
+    details = {"first_offset": diff["first_offset"], "wrong_bytes": diff["wrong_bytes"]}
+    return ("dropped" if diff["all_zero"] or diff["all_sentinel"] else "corrupt"), details
 
 
 def _sentinel_out(numel, device):
     """A sentinel-filled destination, and the same block primed for the allocator's next tensor of
     this size (the pyxfer path allocates its own output; on CUDA the caching allocator hands it the
     block just filled, so a dropped write reads back as the sentinel there too)."""
-    prime = torch.full((numel,), SENTINEL, dtype=torch.uint8, device=device)
-    del prime
-    return torch.full((numel,), SENTINEL, dtype=torch.uint8, device=device)
+    sentinel_bytes(numel, device)  # filled, then freed at once: the block the next allocation of this size gets
+    return sentinel_bytes(numel, device)
+
+
+def _burst(out, data, src, dst, copies=None):
+    """GB/s of ``copies`` (BURST) back-to-back copies of ``data`` into ``out``, from the host's clock
+    between two synchronizes."""
+    copies = BURST if copies is None else copies
+    _sync(src, dst)
+    start = time.perf_counter()
+    for _ in range(copies):
+        out.copy_(data, non_blocking=True)
+    _sync(src, dst)
+    return copies * data.numel() / (time.perf_counter() - start) / 1e9
 
 
 def _host(numel, device):
@@ -317,9 +344,10 @@ def _probe_pair(task):
         os.abort()
     peer = src.type == "cuda" and dst.type == "cuda" and src != dst
     direct = not peer or torch.cuda.can_device_access_peer(src.index, dst.index)
-    paths = ["ce", "sm", "pyxfer"] if (peer and direct) else ["ce", "pyxfer"] if direct else ["staged"]
+    # peer pairs also probe the staged path: pyxfer falls back to it, and it is the rate to beat
+    paths = ["ce", "sm", "pyxfer", "staged"] if (peer and direct) else ["ce", "pyxfer"] if direct else ["staged"]
     before = health.status(src, dst)
-    probes, gbps = [], None
+    probes, gbps, staged_gbps = [], None, None
     # random bytes made on a GPU of the pair when there is one (fast), else on the CPU
     maker = src if src.type == "cuda" else dst
     gen = torch.Generator(device=maker).manual_seed(task.get("seed", 0))
@@ -332,28 +360,37 @@ def _probe_pair(task):
         for size in task["sizes"]:
             data = random_bytes(size)
             want = checksum(data)
+            largest = size == task["sizes"][-1]
             for path in paths:
                 if path in ("ce", "sm"):
                     out = _sentinel_out(size, dst) if dst.type == "cuda" else _host(size, src).fill_(SENTINEL)
                     _sync(src, dst)
-                    start = time.perf_counter()
                     if path == "ce":
                         out.copy_(data)
                     else:  # a pull, as pyxfer's verified peer copies move data
                         torch.ops.pyxfer.sm_copy(data, out, True)
                     _sync(src, dst)
-                    seconds = time.perf_counter() - start
+                    seconds = None
                 else:
                     _sentinel_out(size, dst)
                     route = "direct" if path == "pyxfer" else "staged"
+                    _sync(src, dst)
+                    start = time.perf_counter()
                     out = verified_copy(data, dst, route=route, verify="none")
                     _sync(src, dst)
-                    seconds = None
+                    seconds = time.perf_counter() - start
                 result, details = _classify(out, want, data)
-                probe = {"path": path, "bytes": size, "result": result, **details}
-                if path == "ce" and size == task["sizes"][-1] and seconds:
-                    gbps = probe["gbps"] = round(size / seconds / 1e9, 3)
-                probes.append(probe)
+                probes.append({"path": path, "bytes": size, "result": result, **details})
+                if largest and result == "ok" and path == "ce":
+                    # the link's rate: back-to-back copies (one launch and synchronize amortized over them),
+                    # and the destination checked again after them
+                    rate = _burst(out, data, src, dst)
+                    result, details = _classify(out, want, data)
+                    probes.append({"path": "ce-burst", "bytes": size, "copies": BURST, "result": result, **details})
+                    if result == "ok":
+                        gbps = probes[-1]["gbps"] = round(rate, 3)
+                elif largest and result == "ok" and path == "staged" and peer:
+                    staged_gbps = probes[-1]["gbps"] = round(size / seconds / 1e9, 3)
         # The check itself: a bit flipped on pyxfer's direct path must be caught.
         path = "direct" if direct else "staged"
         data = random_bytes(4096)
@@ -381,7 +418,7 @@ def _probe_pair(task):
         evidence = [f"{len(probes) - 1} probes ({', '.join(paths)}; {', '.join(map(str, task['sizes']))} B) exact; "
                     f"injected bit flip caught"]
     return {"src": task["src"], "dst": task["dst"], "verdict": verdict, "evidence": evidence, "gbps": gbps,
-            "probes": probes}
+            "staged_gbps": staged_gbps, "probes": probes}
 
 
 def _run_task(task):
@@ -477,10 +514,50 @@ def run_tasks(tasks, timeout):
 
 # ---- the run
 
+SEVERITY = ("ok", "unsupported", "error", "hung", "dropped", "corrupt")  # of one run's verdicts, mildest first
+
+
 def _pair_class(src, dst):
     if src == "cpu":
         return "host -> GPU" if dst != "cpu" else "host -> host"
     return "GPU -> host" if dst == "cpu" else "GPU -> GPU"
+
+
+def _index(device):
+    return None if device == "cpu" else int(device.split(":")[1])
+
+
+def pair_path(src, dst, machine):
+    """The path a pair's copies take (see pyxfer.tools.advice): memory, host, local, none, or the link
+    NVML names (nvlink / pcie), else peer."""
+    i, j = _index(src), _index(dst)
+    if i is None and j is None:
+        return "memory"
+    if i is None or j is None:
+        return "host"
+    if i == j:
+        return "local"
+    if not machine["peer_access"][i][j]:
+        return "none"
+    return machine["links"].get((i, j), "peer")
+
+
+def _combine(runs):
+    """One pair's result over its runs: the worst run's verdict, evidence and probes, counts per verdict,
+    medians of the GB/s figures."""
+    worst = max(runs, key=lambda r: SEVERITY.index(r["verdict"]))
+    counts = {v: n for v in SEVERITY if (n := sum(r["verdict"] == v for r in runs))}
+
+    def median(key):
+        values = [r[key] for r in runs if r.get(key)]
+        return round(statistics.median(values), 3) if values else None
+
+    evidence = list(worst["evidence"])
+    if len(runs) > 1:
+        evidence.insert(0, f"{len(runs)} runs: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    return {"verdict": worst["verdict"], "evidence": evidence, "gbps": median("gbps"),
+            "staged_gbps": median("staged_gbps"), "seconds": round(sum(r["seconds"] or 0 for r in runs), 3),
+            "runs": len(runs), "counts": counts, "probes": worst["probes"]}
 
 
 def _mark_slow(pairs, fraction):
@@ -498,6 +575,78 @@ def _mark_slow(pairs, fraction):
                 p["verdict"] = "slow"
                 p["evidence"].append(f"{p['gbps']:.1f} GB/s is under {fraction:g} x the median {median:.1f} GB/s "
                                      f"of {len(members)} {cls} pairs")
+
+
+def _apply_floors(pairs, machine, floors, large):
+    """Each pair's absolute floor (pyxfer.tools.floors) and a verdict of "slow" for an ok or slow pair
+    under it; none below floors.MIN_BYTES (a smaller copy does not reach the link's rate)."""
+    names = {g["index"]: g["name"] for g in machine["gpus"]}
+    for p in pairs:
+        p["floor_gbps"] = p["floor_source"] = None
+        gpus_of = [i for i in (_index(p["src"]), _index(p["dst"])) if i is not None]
+        if large < MIN_FLOOR_BYTES or p["path"] not in FLOOR_PATHS or not gpus_of:
+            continue
+        gbps, source = floor_for(p["path"], [names[i] for i in gpus_of],
+                                 [machine["pcie"].get(i) for i in gpus_of], floors)
+        p["floor_gbps"], p["floor_source"] = gbps, source
+        if gbps is not None and p["gbps"] and p["gbps"] < gbps and p["verdict"] in ("ok", "slow"):
+            p["verdict"] = "slow"
+            p["evidence"].append(f"{p['gbps']:.1f} GB/s is under the floor of {gbps:g} GB/s for {p['path']} "
+                                 f"({source})")
+
+
+def _link_errors(pair, rises):
+    """{"cuda:i counter": rise} of the counters that rose on the pair's GPUs and concern its path (NVLink
+    counters for NVLink paths, PCIe replays for PCIe and host paths; both where the link is not known). A
+    GPU's counters cover all its links, so a rise is reported against every pair of the GPU on that kind."""
+    nvlink = pair["path"] in ("nvlink", "peer")
+    pcie = pair["path"] in ("pcie", "peer", "host", "none")
+    out = {}
+    for i in {_index(pair["src"]), _index(pair["dst"])} - {None}:
+        for name, rise in rises.get(i, {}).items():
+            if (nvlink and name.startswith("nvlink")) or (pcie and name.startswith("pcie")):
+                out[f"cuda:{i} {name}"] = rise
+    return dict(sorted(out.items()))
+
+
+def finish_pairs(pairs, machine, *, floors, large, slow_fraction, rises):
+    """Complete the pairs' results (src, dst, verdict, evidence, gbps, staged_gbps) with the machine's
+    description ``machine`` ({"gpus": [{index, name}], "peer_access", "links": {(i, j): kind},
+    "pcie": {i: {gen, width}}}): path, "slow" against the median and the floors, the p2p-vs-staged note,
+    the link error counters that rose (``rises``: links.counter_rises) and the advice."""
+    for p in pairs:
+        p["path"] = pair_path(p["src"], p["dst"], machine)
+    _mark_slow(pairs, slow_fraction)
+    _apply_floors(pairs, machine, floors, large)
+    for p in pairs:
+        problems = []
+        if p["verdict"] != "ok":
+            problems.append("fault" if p["verdict"] in ("corrupt", "dropped") else p["verdict"])
+        p["notes"] = []
+        if p["path"] in ("nvlink", "pcie", "peer") and p["gbps"] and p["staged_gbps"] \
+                and p["gbps"] < p["staged_gbps"]:
+            p["notes"].append("p2p slower than staged")
+            p["evidence"].append(f"p2p slower than staged: {p['gbps']:.1f} GB/s direct, {p['staged_gbps']:.1f} "
+                                 f"GB/s through host memory")
+            problems.append("p2p-slower-than-staged")
+        p["link_errors"] = _link_errors(p, rises)
+        if p["link_errors"]:
+            p["evidence"].append("link error counters rose during the probes: "
+                                 + ", ".join(f"{k} +{v}" for k, v in p["link_errors"].items()))
+            problems.append("link-errors")
+        p["advice"] = list(dict.fromkeys(line for problem in problems for line in advice(p["path"], problem)))
+
+
+def _counters_check(before, after, rises):
+    """The report's check of the link error counters read before and after the probes."""
+    if not (before["available"] and after["available"]):
+        return SKIP, f"unavailable: {before['why'] or after['why']}"
+    if rises:
+        return FAIL, "rose during the probes: " + "; ".join(
+            f"cuda:{i} " + ", ".join(f"{n} +{r}" for n, r in sorted(up.items())) for i, up in sorted(rises.items()))
+    names = sorted({n for c in after["gpus"].values() for n in c})
+    return OK, (f"no rise on {len(after['gpus'])} GPUs ({', '.join(names)})" if names
+                else f"no GPU reports them ({len(after['gpus'])} GPUs)")
 
 
 def _fault_matches(fault, src, dst):
@@ -535,8 +684,11 @@ def select_pairs(devices, spec=None):
                        expected=f"SRC->DST[,SRC->DST...] with devices from {names}")
 
 
-def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fraction=0.5):
-    """Fill ``report``: facts, self-checks, and a verdict per pair in ``pairs`` (select_pairs)."""
+def doctor(report: Report, *, pairs=None, timeout=30.0, large=256 * MIB, slow_fraction=0.5, floors=None,
+           repeat=1, duration=0.0):
+    """Fill ``report``: facts, self-checks, and a verdict per pair in ``pairs`` (select_pairs), each probed in
+    ``repeat`` rounds or more, until ``duration`` seconds have passed. ``floors``: pyxfer.tools.floors
+    (default: the built-in ones)."""
     from .. import __version__
     from .._build import build_info
 
@@ -547,8 +699,15 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fra
                               "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                               "driver": driver_version()})
     devices = gpus()
+    uuids = [g["uuid"] for g in devices]
     report.section("gpus", devices)
-    report.section("peer_access", peer_matrix(len(devices)))
+    peer_access = peer_matrix(len(devices))
+    report.section("peer_access", peer_access)
+    none = {"available": False, "why": "no GPUs visible", "links": {}, "pcie": {}, "gpus": {}}
+    facts = nvml_facts(uuids) if devices else none
+    report.section("links", {"nvml": facts["available"], "why": facts["why"],
+                             "pcie": {f"cuda:{i}": v for i, v in sorted(facts["pcie"].items())},
+                             "kinds": {f"cuda:{i}->cuda:{j}": k for (i, j), k in sorted(facts["links"].items())}})
     result, fault = _env_fault_check()
     report.checks.append(run_check("PYXFER_INJECT_FAULT", lambda: result))
     report.section("injected_fault", fault)
@@ -559,34 +718,65 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=64 * MIB, slow_fra
     report.check("formats reference values on cpu", lambda: _format_vector_check("cpu"))
 
     pairs = select_pairs(devices) if pairs is None else pairs
-    tasks = []
-    if devices and info["cuda"]:
-        tasks += [{"kind": "checks", "index": g["index"]} for g in devices]
-    for src, dst in pairs:
-        size_large = large if "cuda" in src + dst else min(large, 16 * MIB)
-        tasks.append({"kind": "pair", "src": src, "dst": dst, "sizes": sorted({SMALL, 4 * MIB, size_large}),
-                      "seed": int.from_bytes(os.urandom(4), "little")})
-    for task, res in zip(tasks, run_tasks(tasks, timeout)):
-        if task["kind"] == "checks":
-            if "checks" in res:
-                report.checks.extend(res["checks"])
+    checks = [{"kind": "checks", "index": g["index"]} for g in devices] if devices and info["cuda"] else []
+    before = read_counters(uuids) if devices else none
+    runs = {pair: [] for pair in pairs}
+    rounds = 0
+    while True:
+        todo = [pair for pair in pairs if not any(r["verdict"] == "hung" for r in runs[pair])]  # a hang costs
+        if not todo or (rounds >= repeat and time.perf_counter() - start >= duration):      # --timeout each
+            break
+        tasks = list(checks) if rounds == 0 else []
+        for src, dst in todo:
+            size_large = large if "cuda" in src + dst else min(large, 16 * MIB)
+            tasks.append({"kind": "pair", "src": src, "dst": dst, "sizes": sorted({SMALL, 4 * MIB, size_large}),
+                          "seed": int.from_bytes(os.urandom(4), "little")})
+        for task, res in zip(tasks, run_tasks(tasks, timeout)):
+            if task["kind"] == "checks":
+                _add_device_checks(report, task, res)
             else:
-                why = "did not finish in time (hung)" if res.get("hung") else res["error"]
-                report.checks.append({"check": f"self-checks of cuda:{task['index']}", "status": FAIL,
-                                      "detail": why, "seconds": res["seconds"] if "seconds" in res else None})
-            continue
-        if res.get("hung"):
-            res = {"verdict": "hung", "gbps": None, "probes": [], "seconds": res["seconds"],
-                   "evidence": [f"the probe did not finish in {timeout:g} s; its process was killed"]}
-        elif "error" in res:
-            res = {"verdict": "error", "gbps": None, "probes": [], "seconds": res.get("seconds"),
-                   "evidence": [res["error"]]}
-        pair = {"src": task["src"], "dst": task["dst"], "verdict": res["verdict"], "evidence": res["evidence"],
-                "gbps": res["gbps"], "seconds": res["seconds"], "probes": res["probes"],
-                "fault_from_env": fault is not None and _fault_matches(fault, task["src"], task["dst"])}
-        report.pairs.append(pair)
-    _mark_slow(report.pairs, slow_fraction)
+                runs[(task["src"], task["dst"])].append(_run_result(res, timeout))
+        rounds += 1
+    after = read_counters(uuids) if devices else none
+    rises = counter_rises(before, after)
+    report.checks.append(run_check("link error counters", lambda: _counters_check(before, after, rises)))
+    report.section("counters", {"available": before["available"] and after["available"],
+                                "why": before["why"] or after["why"],
+                                "before": {f"cuda:{i}": c for i, c in before["gpus"].items()},
+                                "after": {f"cuda:{i}": c for i, c in after["gpus"].items()},
+                                "rises": {f"cuda:{i}": c for i, c in rises.items()}})
+    for (src, dst), pair_runs in runs.items():
+        report.pairs.append({"src": src, "dst": dst, **_combine(pair_runs),
+                             "fault_from_env": fault is not None and _fault_matches(fault, src, dst)})
+    machine = {"gpus": devices, "peer_access": peer_access, "links": facts["links"], "pcie": facts["pcie"]}
+    floors = load_floors() if floors is None else floors
+    finish_pairs(report.pairs, machine, floors=floors, large=large, slow_fraction=slow_fraction, rises=rises)
+    report.section("rounds", rounds)
+    could = any(p["path"] in FLOOR_PATHS for p in report.pairs)
+    report.section("floors", {"applied": could and large >= MIN_FLOOR_BYTES, "count": len(floors),
+                              "note": f"not applied: --large {large} B is under {MIN_FLOOR_BYTES >> 20} MiB"
+                              if could and large < MIN_FLOOR_BYTES else None})
     report.section("seconds", round(time.perf_counter() - start, 2))
+
+
+def _add_device_checks(report, task, res):
+    if "checks" in res:
+        report.checks.extend(res["checks"])
+    else:
+        why = "did not finish in time (hung)" if res.get("hung") else res["error"]
+        report.checks.append({"check": f"self-checks of cuda:{task['index']}", "status": FAIL,
+                              "detail": why, "seconds": res["seconds"] if "seconds" in res else None})
+
+
+def _run_result(res, timeout):
+    """One run of a pair as {verdict, evidence, gbps, staged_gbps, seconds, probes}, hangs and errors included."""
+    if res.get("hung"):
+        return {"verdict": "hung", "gbps": None, "staged_gbps": None, "probes": [], "seconds": res["seconds"],
+                "evidence": [f"the probe did not finish in {timeout:g} s; its process was killed"]}
+    if "error" in res:
+        return {"verdict": "error", "gbps": None, "staged_gbps": None, "probes": [], "seconds": res.get("seconds"),
+                "evidence": [res["error"]]}
+    return {k: res[k] for k in ("verdict", "evidence", "gbps", "staged_gbps", "seconds", "probes")}
 
 
 def print_report(report: Report, out=None):
@@ -597,29 +787,43 @@ def print_report(report: Report, out=None):
     print(f"python {s['python']}  torch {s['torch']}  torch CUDA {s['torch_cuda'] or '-'}  "
           f"driver {s['driver'] or '-'}  ({s['platform']})", file=out)
     devices = report.sections["gpus"]
+    links = report.sections["links"]
     if not devices:
         print("GPUs: none visible", file=out)
     for g in devices:
+        pcie = links["pcie"].get(f"cuda:{g['index']}")
         print(f"  cuda:{g['index']}  {g['name']}  sm_{g['capability'].replace('.', '')}  "
-              f"{g['memory_gib']} GiB  {g['sms']} SMs  {g['uuid'] or ''}", file=out)
+              f"{g['memory_gib']} GiB  {g['sms']} SMs  {g['uuid'] or ''}"
+              + (f"  PCIe gen {pcie['gen']} x{pcie['width']}" if pcie else ""), file=out)
     if len(devices) > 1:
-        print("peer access (row = source, column = destination):", file=out)
+        print("peer access (row = source, column = destination; NV: NVLink, PCI: PCIe, yes: kind unknown):",
+              file=out)
         print("        " + "".join(f"{j:>6}" for j in range(len(devices))), file=out)
         for i, row in enumerate(report.sections["peer_access"]):
-            print(f"  {i:>6}" + "".join(f"{'-' if v is None else ('yes' if v else 'no'):>6}" for v in row), file=out)
+            cells = ["-" if v is None else {"nvlink": "NV", "pcie": "PCI"}.get(
+                links["kinds"].get(f"cuda:{i}->cuda:{j}"), "yes") if v else "no" for j, v in enumerate(row)]
+            print(f"  {i:>6}" + "".join(f"{c:>6}" for c in cells), file=out)
+    if devices and not links["nvml"]:
+        print(f"link kinds and PCIe links: {links['why']}", file=out)
     print("checks:", file=out)
     for c in report.checks:
         print(f"  [{c['status']:>4}] {c['check']}: {c['detail']}", file=out)
     fault = report.sections.get("injected_fault")
-    print("pairs:", file=out)
+    rounds = report.sections.get("rounds", 1)
+    print("pairs:" + (f" ({rounds} rounds of probes)" if rounds > 1 else ""), file=out)
     width = max((len(f"{p['src']} -> {p['dst']}") for p in report.pairs), default=0)
     for p in report.pairs:
         rate = f"{p['gbps']:8.1f} GB/s" if p["gbps"] else " " * 13
-        print(f"  {p['src'] + ' -> ' + p['dst']:<{width}}  {p['verdict']:<11} {rate}  {'; '.join(p['evidence'])}",
-              file=out)
+        print(f"  {p['src'] + ' -> ' + p['dst']:<{width}}  {p['verdict']:<11} {rate}  {p['path']:<6}  "
+              f"{'; '.join(p['evidence'])}", file=out)
         if p["fault_from_env"] and p["verdict"] != "ok":
             print(f"  {'':<{width}}  ^ a fault is armed from PYXFER_INJECT_FAULT={fault['spec']!r}: "
                   f"this verdict can be its doing", file=out)
+        for line in p["advice"]:
+            print(f"  {'':<{width}}  next: {line}", file=out)
+    floors = report.sections.get("floors")
+    if floors and floors["note"]:
+        print(f"bandwidth floors {floors['note']}", file=out)
     n_fail, n_bad = len(report.failed), len(report.bad_pairs)
     print(f"{len(report.checks) - n_fail} checks passed or skipped, {n_fail} failed; "
           f"{len(report.pairs) - n_bad} of {len(report.pairs)} pairs ok  ({report.sections['seconds']} s)", file=out)
@@ -628,18 +832,11 @@ def print_report(report: Report, out=None):
         print(f"verdict cache: {cache['note']}", file=out)
 
 
-def run(args) -> int:
-    """`pyxfer doctor` with parsed ``args`` (see cli.py). Returns the exit code."""
+def _save_cache(report, args):
+    """The report's "cache" section: the verdicts written to the cache unless --no-cache or a fault armed
+    from the environment."""
     from .verdict_cache import save_verdicts
 
-    report = Report()
-    devices = gpus()
-    try:
-        pairs = select_pairs(devices, args.pairs)
-    except ValueError as e:
-        print(f"pyxfer doctor: {e}", file=sys.stderr)
-        return 2
-    doctor(report, pairs=pairs, timeout=args.timeout, large=args.large, slow_fraction=args.slow_fraction)
     cache = {"path": None, "written": False, "note": "not written (--no-cache)"}
     if report.sections["injected_fault"] is not None:
         cache["note"] = "not written: a fault is armed from PYXFER_INJECT_FAULT"
@@ -651,6 +848,65 @@ def run(args) -> int:
         except OSError as e:
             cache["note"] = f"not written: {e}"
     report.section("cache", cache)
+
+
+def _cached_document(args):
+    """The verdict cache's document when --env may use it (not --no-cache; made on this machine), else None
+    (why on stderr)."""
+    from .verdict_cache import cache_path, key_differences, read_cache
+
+    path = cache_path(args.cache)
+    if args.no_cache or not os.path.exists(path):
+        return None
+    try:
+        doc = read_cache(path)
+    except (OSError, ValueError) as e:
+        print(f"# pyxfer doctor --env: the cache {path} is not a verdict cache ({e}): probing", file=sys.stderr)
+        return None
+    differs = key_differences(doc)
+    if differs:
+        print(f"# pyxfer doctor --env: the cache {path} was made under another key ({'; '.join(differs)}): probing",
+              file=sys.stderr)
+        return None
+    return doc
+
+
+def run(args) -> int:
+    """`pyxfer doctor` with parsed ``args`` (see cli.py). Returns the exit code."""
+    from .exports import exports
+    from .verdict_cache import cache_document, cache_path
+
+    if args.env and args.json:
+        print("pyxfer doctor: --env prints shell exports, --json a report: expected one of them", file=sys.stderr)
+        return 2
+    try:
+        floors = load_floors(args.floors)
+    except (OSError, ValueError) as e:
+        print(f"pyxfer doctor: {e if isinstance(e, ValueError) else f'--floors: {e}'}", file=sys.stderr)
+        return 2
+    report = Report()
+    devices = gpus()
+    try:
+        pairs = select_pairs(devices, args.pairs)
+    except ValueError as e:
+        print(f"pyxfer doctor: {e}", file=sys.stderr)
+        return 2
+    doc = _cached_document(args) if args.env else None
+    if doc is not None:
+        text, vetoed = exports(doc, cache_path(args.cache), cache_path())
+        print(f"# verdicts from the cache {cache_path(args.cache)} (made {time.ctime(doc['created'])})")
+        print(text, end="")
+        return 1 if vetoed else 0
+    doctor(report, pairs=pairs, timeout=args.timeout, large=args.large, slow_fraction=args.slow_fraction,
+           floors=floors, repeat=args.repeat, duration=args.duration)
+    _save_cache(report, args)
+    if args.env:
+        n_fail, n_bad = len(report.failed), len(report.bad_pairs)
+        print(f"# pyxfer doctor: {n_fail} checks failed, {n_bad} of {len(report.pairs)} pairs not ok "
+              f"({report.sections['seconds']} s); verdict cache: {report.sections['cache']['note']}", file=sys.stderr)
+        text, vetoed = exports(cache_document(report.pairs), report.sections["cache"]["path"], cache_path())
+        print(text, end="")
+        return 1 if vetoed or not report.as_json()["ok"] else 0
     if args.json:
         json.dump(report.as_json(), sys.stdout, indent=2)
         print()

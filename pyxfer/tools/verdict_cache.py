@@ -20,7 +20,8 @@ import torch
 
 from .._devices import as_device
 
-__all__ = ["CACHE_ENV", "cache_path", "cache_key", "save_verdicts", "read_cache", "cached_verdicts"]
+__all__ = ["CACHE_ENV", "cache_path", "cache_key", "cache_document", "save_verdicts", "read_cache", "key_differences",
+           "cached_verdicts"]
 
 SCHEMA, SCHEMA_VERSION = "pyxfer.doctor.verdicts", 1
 CACHE_ENV = "PYXFER_DOCTOR_CACHE"  # where the cache lives (default: $XDG_CACHE_HOME/pyxfer/doctor-verdicts.json)
@@ -56,14 +57,20 @@ def _endpoint(device: str, uuids) -> str:
     return "cpu" if d.type == "cpu" else uuids[d.index]
 
 
+def cache_document(pairs) -> dict:
+    """The cache's document for ``pairs`` ([{"src", "dst", "verdict"}], devices as "cpu" / "cuda:N") under
+    the current key."""
+    key = cache_key()
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "key": key, "created": int(time.time()),
+            "pairs": [{"src": _endpoint(p["src"], key["gpus"]), "dst": _endpoint(p["dst"], key["gpus"]),
+                       "verdict": p["verdict"]} for p in pairs]}
+
+
 def save_verdicts(pairs, path=None) -> str:
     """Write ``pairs`` ([{"src", "dst", "verdict"}], devices as "cpu" / "cuda:N") to the cache under
     the current key, atomically (a temporary file renamed; removed again when writing fails).
     Returns the path written. Raises OSError when the file cannot be written."""
-    key = cache_key()
-    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "key": key, "created": int(time.time()),
-           "pairs": [{"src": _endpoint(p["src"], key["gpus"]), "dst": _endpoint(p["dst"], key["gpus"]),
-                      "verdict": p["verdict"]} for p in pairs]}
+    doc = cache_document(pairs)
     path = cache_path(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     from .files import write_json_atomic  # here: reading the cache at import pyxfer needs none of it
@@ -98,6 +105,20 @@ def read_cache(path):
     return doc
 
 
+def key_differences(doc, key=None) -> list:
+    """[what differs] between the key of the cache document ``doc`` (read_cache) and ``key`` (default: this
+    process's cache_key()); [] when the cache applies here. Every visible GPU must have been examined (a
+    subset of the doctor's GPUs is fine)."""
+    key = cache_key() if key is None else key
+    cached = doc["key"]
+    differs = [f"{k}: cache {cached.get(k)!r}, this process {key[k]!r}" for k in ("driver", "torch", "pyxfer")
+               if cached.get(k) != key[k]]
+    missing = [u for u in key["gpus"] if u not in cached["gpus"]]
+    if missing:
+        differs.append(f"GPUs {missing} are not in the cache")
+    return differs
+
+
 def cached_verdicts(path=None, stacklevel: int = 2) -> dict:
     """The verdicts cached by `pyxfer doctor` that apply to this process (see the module docstring).
 
@@ -116,13 +137,8 @@ def cached_verdicts(path=None, stacklevel: int = 2) -> dict:
         warnings.warn(f"pyxfer: doctor verdict cache {path} ignored: not a verdict cache ({e})", RuntimeWarning,
                       stacklevel=stacklevel + 1)
         return {}
-    cached, key = doc["key"], cache_key()
-    # Every visible GPU must have been examined (a subset of the doctor's GPUs is fine).
-    differs = [f"{k}: cache {cached.get(k)!r}, this process {key[k]!r}" for k in ("driver", "torch", "pyxfer")
-               if cached.get(k) != key[k]]
-    missing = [u for u in key["gpus"] if u not in cached["gpus"]]
-    if missing:
-        differs.append(f"GPUs {missing} are not in the cache")
+    key = cache_key()
+    differs = key_differences(doc, key)
     if differs:
         warnings.warn(f"pyxfer: doctor verdict cache {path} ignored: made under another key ({'; '.join(differs)}); "
                       f"run `pyxfer doctor` again", RuntimeWarning, stacklevel=stacklevel + 1)

@@ -45,23 +45,38 @@ def check_bench_schema(doc):
 
 
 def check_doctor_schema(doc):
-    """The --json document as pyxfer/tools/doctor.py's docstring documents it (schema pyxfer.doctor, 2)."""
-    assert doc["schema"] == "pyxfer.doctor" and doc["schema_version"] == 2
+    """The --json document as pyxfer/tools/doctor.py's docstring documents it (schema pyxfer.doctor, 3)."""
+    from pyxfer.tools.advice import PATHS
+
+    assert doc["schema"] == "pyxfer.doctor" and doc["schema_version"] == 3
     assert isinstance(doc["ok"], bool) and isinstance(doc["seconds"], float)
+    assert isinstance(doc["rounds"], int) and doc["rounds"] >= 1
     assert {"pyxfer", "torch", "cuda", "cuda_archs"} <= set(doc["build"])
     assert set(doc["system"]) == {"python", "platform", "torch", "torch_cuda", "driver"}
     for g in doc["gpus"]:
         assert set(g) == {"index", "name", "uuid", "capability", "memory_gib", "sms"}
     assert len(doc["peer_access"]) == len(doc["gpus"])
+    links, counters = doc["links"], doc["counters"]
+    assert set(links) == {"nvml", "why", "pcie", "kinds"} and (links["nvml"] or links["why"])
+    assert all(set(v) == {"gen", "width"} for v in links["pcie"].values())
+    assert all(k in ("nvlink", "pcie") for k in links["kinds"].values())
+    assert set(counters) == {"available", "why", "before", "after", "rises"}
+    assert counters["available"] or isinstance(counters["why"], str)
+    assert set(doc["floors"]) == {"applied", "count", "note"} and doc["floors"]["count"] >= 1
     fault = doc["injected_fault"]
     assert fault is None or set(fault) == {"spec", "kind", "path", "src", "dst", "times"}
     for c in doc["checks"]:
         assert set(c) == {"check", "status", "detail", "seconds"} and c["status"] in ("ok", "FAIL", "skip")
         assert isinstance(c["detail"], str) and c["detail"]
     for p in doc["pairs"]:
-        assert set(p) == {"src", "dst", "verdict", "evidence", "gbps", "seconds", "fault_from_env", "probes"}
+        assert set(p) == {"src", "dst", "path", "verdict", "evidence", "advice", "notes", "gbps", "staged_gbps",
+                          "floor_gbps", "floor_source", "seconds", "runs", "counts", "link_errors", "fault_from_env",
+                          "probes"}
         assert p["verdict"] in VERDICTS and p["evidence"] and all(isinstance(e, str) for e in p["evidence"])
-        assert isinstance(p["fault_from_env"], bool)
+        assert p["path"] in PATHS and isinstance(p["fault_from_env"], bool)
+        assert all(isinstance(a, str) and a for a in p["advice"]) and (p["verdict"] == "ok") == (not p["advice"]) \
+            or p["notes"] or p["link_errors"]
+        assert p["runs"] >= 1 and sum(p["counts"].values()) == p["runs"]
         for probe in p["probes"]:
             assert {"path", "bytes", "result"} <= set(probe)
             assert probe["result"] in ("ok", "corrupt", "dropped", "injected-caught", "injected-missed")

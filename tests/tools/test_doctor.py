@@ -15,38 +15,8 @@ from pyxfer.tools import doctor, selftest
 from pyxfer.tools.cli import main
 from pyxfer.tools.verdict_cache import save_verdicts
 
+from support.doctor_cli import isolated, run_doctor, run_json  # noqa: F401  (isolated: an autouse fixture)
 from support.processes import run_python
-from support.tool_schemas import check_doctor_schema
-
-
-@pytest.fixture(autouse=True)
-def isolated(monkeypatch, tmp_path):
-    """No fault from the environment, the cache in a temporary directory, health restored."""
-    for name in ("PYXFER_INJECT_FAULT", doctor.TEST_FAULT_ENV, "PYXFER_ROUTE", "PYXFER_HEALTH_FROM_DOCTOR",
-                 "PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PYXFER_DOCTOR_CACHE", str(tmp_path / "verdicts.json"))
-    pyxfer.health.reset()
-    yield
-    pyxfer.health.reset()
-
-
-def run_doctor(capsys, *args):
-    """(exit code, stdout) of `pyxfer doctor ARGS` run through the CLI's entry point. Where GPUs are
-    visible the probes stay on the pair a CPU-only machine has (cpu -> cpu) unless ARGS name pairs:
-    these tests are about the doctor's logic; its GPU pairs are tests/tools/test_doctor_gpu.py's."""
-    if torch.cuda.is_available() and "--pairs" not in args:
-        args = (*args, "--pairs", "cpu->cpu")
-    code = main(["doctor", *args])
-    return code, capsys.readouterr().out
-
-
-def run_json(capsys, *args):
-    code, out = run_doctor(capsys, "--json", *args)
-    doc = json.loads(out)
-    check_doctor_schema(doc)
-    assert doc["ok"] == (code == 0)
-    return code, doc
 
 
 def test_healthy_cpu_run_report_and_exit_code(capsys):
@@ -66,8 +36,14 @@ def test_json_schema_probes_and_cache_written(capsys, tmp_path):
     assert (pair["src"], pair["dst"], pair["verdict"]) == ("cpu", "cpu", "ok") and pair["gbps"] > 0
     sizes = sorted({p["bytes"] for p in pair["probes"] if p["path"] == "ce"})
     assert sizes == [4093, 4 << 20, 16 << 20]  # 4 MiB and a large one (capped for cpu -> cpu)
-    assert {p["path"] for p in pair["probes"]} == {"ce", "pyxfer", "pyxfer+bitflip"}
+    assert {p["path"] for p in pair["probes"]} == {"ce", "ce-burst", "pyxfer", "pyxfer+bitflip"}
     assert [p["result"] for p in pair["probes"] if p["path"] == "pyxfer+bitflip"] == ["injected-caught"]
+    (burst,) = [p for p in pair["probes"] if p["path"] == "ce-burst"]  # the GB/s: back-to-back copies, checked
+    assert (burst["bytes"], burst["copies"], burst["result"], burst["gbps"]) == (16 << 20, 4, "ok", pair["gbps"])
+    assert pair["path"] == "memory" and pair["advice"] == [] and (pair["runs"], pair["counts"]) == (1, {"ok": 1})
+    assert doc["counters"]["why"] == "no GPUs visible" and not doc["counters"]["available"]
+    (counters,) = [c for c in doc["checks"] if c["check"] == "link error counters"]
+    assert counters["status"] == "skip" and counters["detail"] == "unavailable: no GPUs visible"
     assert doc["cache"]["written"] and doc["cache"]["path"] == str(tmp_path / "verdicts.json")
     cached = json.loads((tmp_path / "verdicts.json").read_text())
     assert cached["pairs"] == [{"src": "cpu", "dst": "cpu", "verdict": "ok"}]
@@ -185,6 +161,23 @@ def test_a_blind_check_makes_the_pair_an_error(monkeypatch):
     result = doctor._probe_pair({"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [4093], "seed": 5})
     assert result["verdict"] == "error" and "injected bit flip was not caught" in result["evidence"][0]
     assert result["probes"][-1] == {"path": "pyxfer+bitflip", "bytes": 4096, "result": "injected-missed"}
+
+
+def test_a_fault_during_the_bandwidth_burst_is_caught(monkeypatch):
+    """The burst's destination is checked again: a copy of the burst that lands wrong makes the pair corrupt
+    and gives it no GB/s."""
+    real = doctor._burst
+
+    def burst_then_flip(out, data, src, dst, copies=None):
+        rate = real(out, data, src, dst, copies)
+        out[12345] ^= 0x40  # what a bad copy among the burst's would leave
+        return rate
+
+    monkeypatch.setattr(doctor, "_burst", burst_then_flip)
+    result = doctor._probe_pair({"kind": "pair", "src": "cpu", "dst": "cpu", "sizes": [4093, 1 << 20], "seed": 6})
+    (burst,) = [p for p in result["probes"] if p["path"] == "ce-burst"]
+    assert (burst["result"], burst["first_offset"], burst["wrong_bytes"]) == ("corrupt", 12345, 1)
+    assert result["verdict"] == "corrupt" and result["gbps"] is None and "ce-burst 1048576 B" in result["evidence"][0]
 
 
 def test_pair_selection(monkeypatch):
@@ -411,7 +404,8 @@ def test_report_lists_gpus_and_the_peer_matrix():
     assert "GPUs: none visible" not in lines
     i = lines.index("  cuda:0  NVIDIA H100 80GB HBM3  sm_90  79.1 GiB  132 SMs  GPU-0a")
     assert lines[i + 1] == "  cuda:1  NVIDIA H100 80GB HBM3  sm_90  79.1 GiB  132 SMs  "
-    assert lines[i + 2:i + 6] == ["peer access (row = source, column = destination):",
+    assert lines[i + 2:i + 6] == ["peer access (row = source, column = destination; NV: NVLink, PCI: PCIe, "
+                                  "yes: kind unknown):",
                                   "             0     1", "       0     -   yes", "       1    no     -"]
     assert lines[-1].startswith(f"{len(report.checks)} checks passed or skipped, 0 failed; 0 of 0 pairs ok  (")
     assert not report.failed  # and no "verdict cache:" line: this report has no cache section

@@ -31,8 +31,8 @@ def test_host_gpu_pairs_ok_with_gpu_self_checks():
     assert verdicts(doc) == {("cpu", "cuda:0"): "ok", ("cuda:0", "cpu"): "ok"}
     for pair in doc["pairs"]:
         sizes = {p["bytes"] for p in pair["probes"] if p["path"] == "ce"}
-        assert sizes == {4093, 4 << 20, 64 << 20} and pair["gbps"] > 1
-        assert {p["path"] for p in pair["probes"]} == {"ce", "pyxfer", "pyxfer+bitflip"}
+        assert sizes == {4093, 4 << 20, 256 << 20} and pair["gbps"] > 1 and pair["path"] == "host"
+        assert {p["path"] for p in pair["probes"]} == {"ce", "ce-burst", "pyxfer", "pyxfer+bitflip"}
     names = {c["check"]: c["status"] for c in doc["checks"]}
     for check in ("checksum vectors on cuda:0", "checksum cpu == cuda:0", "formats reference values on cuda:0",
                   "formats cpu == cuda:0", "architecture of cuda:0"):
@@ -62,6 +62,11 @@ def test_a_full_doctor_run_and_its_time():
     code, doc = doctor_json()
     n = len(doc["gpus"])
     assert len(doc["pairs"]) == 2 * n + n * (n - 1)
+    for pair in doc["pairs"]:  # peer pairs probe the staged path too: pyxfer's fallback, the rate to beat
+        paths = {p["path"] for p in pair["probes"]}
+        if pair["path"] in ("nvlink", "pcie", "peer") and pair["verdict"] == "ok":
+            assert {"ce", "ce-burst", "sm", "pyxfer", "staged"} <= paths and pair["staged_gbps"] > 0
+    print(f"links: {doc['links']}; counters: {doc['counters']}")
     print(f"doctor on {n} GPU(s), {len(doc['pairs'])} pairs: {doc['seconds']} s; verdicts {verdicts(doc)}")
     assert doc["seconds"] < 120  # the design bound (8 GPUs, 72 pairs); one GPU takes a fraction of it
     assert code == (0 if doc["ok"] else 1)
