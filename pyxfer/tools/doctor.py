@@ -28,7 +28,11 @@ the path verified copies take first), "staged" (through host memory: pairs witho
 pairs, where it is pyxfer's fallback and the rate a direct path must beat) — each destination checked with
 PXH64 on its own device (pyxfer.tools.destinations) — then one 4 KiB copy with an injected bit flip that must
 be caught, proving the check works. GB/s is that of BURST (4) back-to-back "ce" copies of the large size,
-checked again after them ("ce-burst"). Every probe runs in a child process under a watchdog, so a sticky
+checked again after them ("ce-burst"). Then, for GPU pairs, one NCCL all-gather per pair over a 2-rank group
+(pyxfer.tools.pair_collectives: one process per GPU; NCCL's kernels run on both GPUs at once and poll each
+other's writes, which copy-then-synchronize probes do not), both directions checked ("collective" probes, a
+check "NCCL collective per GPU pair"; skipped with the reason where NCCL is missing). Every probe runs in a
+child process under a watchdog, so a sticky
 CUDA error or a hang takes down only the child: the pair is reported and the doctor carries on in a fresh
 child. The NVLink / PCIe error counters are read through NVML before and after the probes (nvidia-ml-py,
 optional): a rise fails the "link error counters" check and is reported against the pairs of that GPU.
@@ -54,8 +58,9 @@ pyxfer.health.load_doctor_verdicts and for other software: --env prints them as 
   pairs [{src, dst, path, verdict, evidence: [str], advice: [str], notes: [str], gbps: float|null,
           staged_gbps, floor_gbps, floor_source, seconds, runs, counts {verdict: n}, link_errors {str: int},
           fault_from_env: bool,
-          probes [{path, bytes, result: "ok"|"corrupt"|"dropped"|"injected-caught"|"injected-missed",
-                   first_offset?, wrong_bytes?, gbps?, copies?}]}],
+          probes [{path, bytes, result: "ok"|"corrupt"|"dropped"|"injected-caught"|"injected-missed"
+                   (a "collective" probe: also "hung"|"error", with detail), first_offset?, wrong_bytes?,
+                   gbps?, copies?, detail?}]}],
   cache {path, written: bool, note}
 """
 import json
@@ -737,6 +742,9 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=256 * MIB, slow_fr
             else:
                 runs[(task["src"], task["dst"])].append(_run_result(res, timeout))
         rounds += 1
+    check, collective = _collective_probes(devices, pairs, timeout, info)
+    if check is not None:
+        report.checks.append(run_check("NCCL collective per GPU pair", lambda: check))
     after = read_counters(uuids) if devices else none
     rises = counter_rises(before, after)
     report.checks.append(run_check("link error counters", lambda: _counters_check(before, after, rises)))
@@ -748,6 +756,7 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=256 * MIB, slow_fr
     for (src, dst), pair_runs in runs.items():
         report.pairs.append({"src": src, "dst": dst, **_combine(pair_runs),
                              "fault_from_env": fault is not None and _fault_matches(fault, src, dst)})
+        _add_collective(report.pairs[-1], collective.get((src, dst)))
     machine = {"gpus": devices, "peer_access": peer_access, "links": facts["links"], "pcie": facts["pcie"]}
     floors = load_floors() if floors is None else floors
     finish_pairs(report.pairs, machine, floors=floors, large=large, slow_fraction=slow_fraction, rises=rises)
@@ -757,6 +766,43 @@ def doctor(report: Report, *, pairs=None, timeout=30.0, large=256 * MIB, slow_fr
                               "note": f"not applied: --large {large} B is under {MIN_FLOOR_BYTES >> 20} MiB"
                               if could and large < MIN_FLOOR_BYTES else None})
     report.section("seconds", round(time.perf_counter() - start, 2))
+
+
+def _collective_probes(devices, pairs, timeout, info):
+    """(the check's (status, detail) or None when no GPU pair is probed, {(src, dst): probe}) of one NCCL
+    all-gather per GPU pair (pyxfer.tools.pair_collectives), the transport NCCL's users rely on."""
+    from .pair_collectives import BYTES, collectives_unavailable, run_pair_collectives
+
+    gpu_pairs = [(a, b) for a, b in pairs if "cpu" not in (a, b) and a != b]
+    if not gpu_pairs:
+        return None, {}
+    why = collectives_unavailable("nccl") or (None if info["cuda"] else "pyxfer is built without CUDA")
+    if why:
+        return (SKIP, f"unavailable: {why}"), {}
+    labels = [f"cuda:{g['index']}" for g in devices]
+    rank = {label: i for i, label in enumerate(labels)}
+    probes = run_pair_collectives(labels, [(rank[a], rank[b]) for a, b in gpu_pairs], backend="nccl",
+                                  devices=[g["index"] for g in devices], timeout=timeout,
+                                  seed=int.from_bytes(os.urandom(4), "little"))
+    bad = [f"{a} -> {b} {p['result']}" for (a, b), p in sorted(probes.items()) if p["result"] != "ok"]
+    if bad:
+        return (FAIL, "; ".join(bad)), probes
+    return (OK, f"{len(probes)} directions of GPU pairs exact ({BYTES} B each way, a 2-rank all-gather)"), probes
+
+
+def _add_collective(pair, probe):
+    """Add a pair's collective probe to its result: a wrong or missing result is the pair's verdict when
+    it is worse than the copies'."""
+    if probe is None:
+        return
+    pair["probes"].append(probe)
+    if probe["result"] == "ok":
+        return
+    where = (f", first wrong byte at offset {probe['first_offset']}, {probe['wrong_bytes']} wrong"
+             if "first_offset" in probe else f": {probe.get('detail', '')}")
+    pair["evidence"].append(f"NCCL all-gather of the pair, {probe['bytes']} B each way: {probe['result']}{where}")
+    if SEVERITY.index(probe["result"]) > SEVERITY.index(pair["verdict"]):
+        pair["verdict"] = probe["result"]
 
 
 def _add_device_checks(report, task, res):

@@ -79,7 +79,8 @@ def check_doctor_schema(doc):
         assert p["runs"] >= 1 and sum(p["counts"].values()) == p["runs"]
         for probe in p["probes"]:
             assert {"path", "bytes", "result"} <= set(probe)
-            assert probe["result"] in ("ok", "corrupt", "dropped", "injected-caught", "injected-missed")
+            assert probe["result"] in ("ok", "corrupt", "dropped", "injected-caught", "injected-missed") or \
+                probe["path"] == "collective" and probe["result"] in ("hung", "error") and probe["detail"]
             if probe["result"] in ("corrupt", "dropped"):
                 assert isinstance(probe["first_offset"], int) and probe["wrong_bytes"] > 0
     assert set(doc["cache"]) == {"path", "written", "note"}

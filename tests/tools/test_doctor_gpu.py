@@ -70,3 +70,21 @@ def test_a_full_doctor_run_and_its_time():
     print(f"doctor on {n} GPU(s), {len(doc['pairs'])} pairs: {doc['seconds']} s; verdicts {verdicts(doc)}")
     assert doc["seconds"] < 120  # the design bound (8 GPUs, 72 pairs); one GPU takes a fraction of it
     assert code == (0 if doc["ok"] else 1)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("hook,expected", [
+    (None, {("cuda:0", "cuda:1"): "ok", ("cuda:1", "cuda:0"): "ok"}),
+    ("collective-corrupt:cuda:0->cuda:1", {("cuda:0", "cuda:1"): "corrupt", ("cuda:1", "cuda:0"): "ok"}),
+    # cuda:0 never joins the all-gather: cuda:1 waits in it, so neither direction has a result
+    ("collective-hang:cuda:1->cuda:0", {("cuda:0", "cuda:1"): "hung", ("cuda:1", "cuda:0"): "hung"})])
+def test_the_nccl_collective_of_a_gpu_pair(hook, expected):
+    """One NCCL all-gather per GPU pair, both directions checked; a wrong byte or a hang in it (the test hooks
+    of pyxfer.tools.pair_collectives) is the pair's verdict."""
+    env = {"PYXFER_DOCTOR_TEST_FAULT": hook} if hook else {}
+    code, doc = doctor_json("--pairs", "cuda:0->cuda:1,cuda:1->cuda:0", "--timeout", "20", env=env)
+    for pair in doc["pairs"]:
+        (probe,) = [p for p in pair["probes"] if p["path"] == "collective"]
+        assert probe["result"] == pair["verdict"] == expected[(pair["src"], pair["dst"])], pair
+    (check,) = [c for c in doc["checks"] if c["check"] == "NCCL collective per GPU pair"]
+    assert check["status"] == ("ok" if hook is None else "FAIL") and code == (0 if hook is None else 1)
