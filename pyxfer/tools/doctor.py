@@ -28,14 +28,14 @@ the path verified copies take first), "staged" (through host memory: pairs witho
 pairs, where it is pyxfer's fallback and the rate a direct path must beat) — each destination checked with
 PXH64 on its own device (pyxfer.tools.destinations) — then one 4 KiB copy with an injected bit flip that must
 be caught, proving the check works. GB/s is that of BURST (4) back-to-back "ce" copies of the large size,
-checked again after them ("ce-burst"). Then, for GPU pairs, one NCCL all-gather per pair over a 2-rank group
+checked again after them ("ce-burst"). Then one NCCL all-gather per GPU pair over a 2-rank group
 (pyxfer.tools.pair_collectives: one process per GPU; NCCL's kernels run on both GPUs at once and poll each
 other's writes, which copy-then-synchronize probes do not), both directions checked ("collective" probes, a
 check "NCCL collective per GPU pair"; skipped with the reason where NCCL is missing). Every probe runs in a
-child process under a watchdog, so a sticky
-CUDA error or a hang takes down only the child: the pair is reported and the doctor carries on in a fresh
-child. The NVLink / PCIe error counters are read through NVML before and after the probes (nvidia-ml-py,
-optional): a rise fails the "link error counters" check and is reported against the pairs of that GPU.
+child process under a watchdog, so a sticky CUDA error or a hang takes down only the child: the pair is
+reported and the doctor carries on in a fresh child. The NVLink / PCIe error counters are read through NVML
+before and after the probes (nvidia-ml-py, optional): a rise fails the "link error counters" check and is
+reported against the pairs of that GPU.
 
 A fault armed from $PYXFER_INJECT_FAULT is in the children too: the report names it next to every
 verdict it can have caused; a malformed value is a failed check. The probes name their routes, so
