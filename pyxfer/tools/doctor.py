@@ -81,6 +81,7 @@ import torch
 from .._devices import as_device
 from .advice import advice
 from .destinations import SENTINEL, compare, sentinel_bytes
+from .files import last_line
 from .floors import MIN_BYTES as MIN_FLOOR_BYTES
 from .floors import PATHS as FLOOR_PATHS
 from .floors import floor_for, load_floors
@@ -316,10 +317,9 @@ def _sentinel_out(numel, device):
     return sentinel_bytes(numel, device)
 
 
-def _burst(out, data, src, dst, copies=None):
-    """GB/s of ``copies`` (BURST) back-to-back copies of ``data`` into ``out``, from the host's clock
-    between two synchronizes."""
-    copies = BURST if copies is None else copies
+def _burst(out, data, src, dst, copies=BURST):
+    """GB/s of ``copies`` back-to-back copies of ``data`` into ``out``, from the host's clock between two
+    synchronizes."""
     _sync(src, dst)
     start = time.perf_counter()
     for _ in range(copies):
@@ -458,12 +458,6 @@ def _child_main():
             sys.exit(3)
 
 
-def _stderr_tail(f):
-    f.seek(0)
-    lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "no message"
-
-
 def run_tasks(tasks, timeout):
     """Run tasks in probe children, each task within ``timeout`` seconds of the previous one's end
     (the child's first, of it saying it is ready: STARTUP_S to import torch and pyxfer). Returns [result] in
@@ -505,7 +499,7 @@ def run_tasks(tasks, timeout):
                     os.killpg(proc.pid, signal.SIGKILL)
                 else:  # the child exited without finishing the task
                     proc.wait()
-                    results[i] = {"error": f"probe process died (exit code {proc.returncode}): {_stderr_tail(err)}"}
+                    results[i] = {"error": f"probe process died (exit code {proc.returncode}): {last_line(err)}"}
                 break
             proc.stdout.close()
             if proc.poll() is None:

@@ -1,4 +1,4 @@
-"""Files the tools write (the verdict cache, `pyxfer bench --json`)."""
+"""Files the tools write (the verdict cache, `pyxfer bench --json`) and read back (a child process's stderr)."""
 import contextlib
 import json
 import os
@@ -16,3 +16,11 @@ def write_json_atomic(path, doc):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def last_line(f, limit=300):
+    """The last non-blank line (at most ``limit`` characters) of the binary file ``f`` (a child process's
+    stderr, read from its start), or "no message"."""
+    f.seek(0)
+    lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else "no message"

@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from .files import last_line
+
 __all__ = ["BYTES", "collectives_unavailable", "run_pair_collectives"]
 
 BYTES = (1 << 20) + 4093  # small, and odd: the tail of every vectorized loop
@@ -130,7 +132,7 @@ def run_pair_collectives(labels, pairs, *, backend="nccl", devices=None, timeout
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
                 p.stdout.close()
-        died = {r: _tail(errs[r]) for r, p in enumerate(procs) if r not in killed and p.returncode != 0}
+        died = {r: last_line(errs[r]) for r, p in enumerate(procs) if r not in killed and p.returncode != 0}
         for e in errs:
             e.close()
     out = {}
@@ -167,9 +169,3 @@ def _collect(procs, results, first_wait, timeout):
                 msg = json.loads(line)
                 results[(msg.pop("src"), msg.pop("dst"))] = msg
                 deadline = time.monotonic() + timeout
-
-
-def _tail(f):
-    f.seek(0)
-    lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "no message"

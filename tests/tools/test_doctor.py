@@ -168,7 +168,7 @@ def test_a_fault_during_the_bandwidth_burst_is_caught(monkeypatch):
     and gives it no GB/s."""
     real = doctor._burst
 
-    def burst_then_flip(out, data, src, dst, copies=None):
+    def burst_then_flip(out, data, src, dst, copies=doctor.BURST):
         rate = real(out, data, src, dst, copies)
         out[12345] ^= 0x40  # what a bad copy among the burst's would leave
         return rate
