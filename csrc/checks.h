@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace pyxfer {
 
@@ -48,6 +49,30 @@ inline void check_pointer_chase(const char* op, const at::Tensor& ring, int64_t 
                     ": ring must be a 1-D contiguous tensor with at least one node, got shape ", ring.sizes(),
                     ring.is_contiguous() ? "" : " (non-contiguous)");
   TORCH_CHECK_VALUE(num_hops >= 0, op, ": num_hops must be >= 0, got ", num_hops);
+}
+
+// peer_exchange's buffers (two separate 1-D contiguous int64 tensors of the same length, the header and at
+// least one word) and options.
+inline void check_peer_exchange(const char* op, const at::Tensor& a, const at::Tensor& b, int64_t rounds,
+                                double timeout_s, int64_t corrupt_round, int64_t stall_side, int64_t header_words) {
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"a", &a}, {"b", &b}}) {
+    check_dense(op, name, *t);
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, op, ": ", name, " must be an int64 tensor, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->is_contiguous() && t->numel() > header_words, op, ": ", name,
+                      " must be a 1-D contiguous tensor of more than ", header_words, " words (the header, then "
+                      "the inbox), got shape ", t->sizes(), t->is_contiguous() ? "" : " (non-contiguous)");
+  }
+  TORCH_CHECK_VALUE(a.numel() == b.numel(), op, ": a and b must have the same length, got ", a.numel(), " and ",
+                    b.numel());
+  TORCH_CHECK_VALUE(!a.is_alias_of(b), op, ": a and b must be two separate buffers, got views of one storage");
+  TORCH_CHECK_VALUE(rounds >= 1 && rounds <= 1000000, op, ": rounds must be in [1, 1000000], got ", rounds);
+  TORCH_CHECK_VALUE(timeout_s > 0 && timeout_s <= 3600, op, ": timeout_s must be in (0, 3600] seconds, got ",
+                    timeout_s);
+  TORCH_CHECK_VALUE(corrupt_round == -1 || (corrupt_round >= 1 && corrupt_round <= rounds), op,
+                    ": corrupt_round must be -1 (none) or a round in [1, rounds], got ", corrupt_round);
+  TORCH_CHECK_VALUE(stall_side >= -1 && stall_side <= 1, op, ": stall_side must be -1 (none), 0 or 1, got ",
+                    stall_side);
 }
 
 // PXH64 takes the uint64 bits of int64 arguments (seeds and sums are unsigned by definition).

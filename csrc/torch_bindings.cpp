@@ -48,6 +48,15 @@ TORCH_LIBRARY(pyxfer, m) {
   // stops at the first index outside [0, ring.numel()), which it returns. What `pyxfer bench` times as the
   // SM pointer-chase latency (nvbandwidth's method). On the CPU: the same walk on the host.
   m.def("pointer_chase(Tensor ring, int num_hops, Device? device=None) -> Tensor");
+  // `pyxfer doctor`'s concurrent probe of a GPU pair (pyxfer/peer_exchange.h): one side on a's GPU, one on b's,
+  // running at the same time, each writing `rounds` rounds of words into the other's buffer and polling flags
+  // in its own, under a wait limit of timeout_s. a and b: 1-D int64, kExchangeHeaderWords + n words each
+  // (zeroed by the op). Returns a [2, 5] int64 CPU tensor, a row per side (row 0: what a's side found, the
+  // b -> a direction): [wrong words, first bad round, its first bad word, rounds done, timed out]. Test
+  // hooks: corrupt_round (side 0 writes one wrong word in that round), stall_side (that side does nothing).
+  // On the CPU: the same protocol between two threads.
+  m.def("peer_exchange(Tensor(a!) a, Tensor(b!) b, int rounds, int seed, float timeout_s, int corrupt_round=-1, "
+        "int stall_side=-1) -> Tensor");
   // Health of the ordered pair (src, dst): 0 unknown, 1 healthy, 2 corrupt.
   m.def("health_status(int src, int dst) -> int");
   m.def("health_mark(int src, int dst, int state) -> ()");

@@ -51,6 +51,13 @@ def _pointer_chase_fake(ring, num_hops, device=None):
     return ring.new_empty((), dtype=torch.int64, device=ring.device if device is None else device)
 
 
+@torch.library.register_fake("pyxfer::peer_exchange")
+def _peer_exchange_fake(a, b, rounds, seed, timeout_s, corrupt_round=-1, stall_side=-1):
+    check_tensor("torch.ops.pyxfer.peer_exchange", "a", a)
+    check_tensor("torch.ops.pyxfer.peer_exchange", "b", b)
+    return torch.empty((2, 5), dtype=torch.int64)
+
+
 def _quantized_fakes(x, fmt, rowwise, columnwise):
     layout = buffer_layout(fmt, x.shape, rowwise=rowwise, columnwise=columnwise)
     names = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")

@@ -1,10 +1,14 @@
 // Small kernels of the verified-transfer protocol: the deferred mismatch latch and checker, and the byte
-// flips used by fault injection; and what `pyxfer bench` times: the plain SM copy (pull and push) and
-// the pointer chase (SM load latency, nvbandwidth's method).
+// flips used by fault injection; what `pyxfer bench` times: the plain SM copy (pull and push) and
+// the pointer chase (SM load latency, nvbandwidth's method); and `pyxfer doctor`'s concurrent peer exchange.
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <climits>
+
 #include "pyxfer/launch.h"
+#include "pyxfer/peer_exchange.h"
 #include "pyxfer/resident_blocks.h"
 #include "pyxfer/verify_words.h"
 
@@ -104,6 +108,101 @@ __global__ void pointer_chase_kernel(const int64_t* __restrict__ ring, int64_t n
   *out = i;
 }
 
+
+// ---- the concurrent peer exchange (pyxfer/peer_exchange.h has the protocol)
+
+__device__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Whether *word reached at_least (an acquire load at system scope: the partner GPU released it) before
+// timeout_ns passed. One thread polls.
+__device__ bool wait_at_least(int64_t* word, int64_t at_least, uint64_t timeout_ns) {
+  cuda::atomic_ref<int64_t, cuda::thread_scope_system> flag(*word);
+  const uint64_t start = global_ns();
+  while (flag.load(cuda::memory_order_acquire) < at_least) {
+    if (global_ns() - start > timeout_ns) return false;
+    __nanosleep(256);
+  }
+  return true;
+}
+
+__device__ void release(int64_t* word, int64_t value) {
+  cuda::atomic_ref<int64_t, cuda::thread_scope_system>(*word).store(value, cuda::memory_order_release);
+}
+
+// One side of the exchange, one block, running while the partner's block runs on the other GPU: `mine` is
+// this GPU's buffer, `theirs` the partner's (peer memory). result[kExchangeResultWords] on this GPU.
+__global__ void __launch_bounds__(kExchangeThreads)
+    peer_exchange_kernel(int64_t* mine, int64_t* theirs, int64_t num_words, int64_t rounds, uint64_t seed, int side,
+                         uint64_t timeout_ns, int64_t corrupt_round, int64_t* result) {
+  __shared__ int stop;
+  __shared__ unsigned long long round_wrong;
+  __shared__ long long round_first;
+  int64_t wrong = 0, first_round = -1, first_word = -1, done = 0, timed_out = 0;
+  int64_t* inbox = mine + kExchangeHeaderWords;
+  int64_t* outbox = theirs + kExchangeHeaderWords;
+  for (int64_t r = 1; r <= rounds; ++r) {
+    if (threadIdx.x == 0) {
+      stop = !wait_at_least(mine + kExchangeAck, r - 1, timeout_ns);  // the partner checked the last round
+      round_wrong = 0;
+      round_first = LLONG_MAX;
+    }
+    __syncthreads();
+    if (stop) {
+      timed_out = 1;
+      break;
+    }
+    for (int64_t i = threadIdx.x; i < num_words; i += blockDim.x) {
+      uint64_t w = exchange_word(seed, side, r, i);
+      if (side == 0 && r == corrupt_round && i == num_words / 2) w ^= 1;  // the test hook: one wrong bit
+      outbox[i] = static_cast<int64_t>(w);  // stores into the partner's memory
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();  // every thread's stores of the round (ordered by the barrier) before the flag
+      release(theirs + kExchangeReady, r);
+      stop = !wait_at_least(mine + kExchangeReady, r, timeout_ns);  // the partner's round landed here
+    }
+    __syncthreads();
+    if (stop) {
+      timed_out = 1;
+      break;
+    }
+    unsigned long long my_wrong = 0;
+    long long my_first = LLONG_MAX;
+    for (int64_t i = threadIdx.x; i < num_words; i += blockDim.x) {
+      // NOTE: uncached loads: the partner wrote these words since this SM last read them
+      const uint64_t got = __ldcv(reinterpret_cast<const unsigned long long*>(inbox + i));
+      if (got != exchange_word(seed, 1 - side, r, i)) {
+        ++my_wrong;
+        if (i < my_first) my_first = i;
+      }
+    }
+    if (my_wrong) {
+      atomicAdd(&round_wrong, my_wrong);
+      atomicMin(&round_first, my_first);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) release(theirs + kExchangeAck, r);  // the partner may overwrite this inbox now
+    wrong += static_cast<int64_t>(round_wrong);
+    if (round_wrong && first_round < 0) {
+      first_round = r;
+      first_word = round_first;
+    }
+    done = r;
+  }
+  if (threadIdx.x == 0) {
+    result[kResultWrong] = wrong;
+    result[kResultFirstBadRound] = first_round;
+    result[kResultFirstBadWord] = first_word;
+    result[kResultRoundsDone] = done;
+    result[kResultTimedOut] = timed_out;
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
@@ -157,4 +256,13 @@ cudaError_t launch_pointer_chase(const int64_t* ring, int64_t num_nodes, int64_t
   pointer_chase_kernel<<<1, 1, 0, stream>>>(ring, num_nodes, num_hops, out);
   return cudaGetLastError();
 }
+
+cudaError_t launch_peer_exchange(int64_t* mine, int64_t* theirs, int64_t num_words, int64_t rounds, uint64_t seed,
+                                 int side, uint64_t timeout_ns, int64_t corrupt_round, int64_t* result,
+                                 cudaStream_t stream) {
+  peer_exchange_kernel<<<1, kExchangeThreads, 0, stream>>>(mine, theirs, num_words, rounds, seed, side, timeout_ns,
+                                                           corrupt_round, result);
+  return cudaGetLastError();
+}
+
 }  // namespace pyxfer

@@ -28,12 +28,14 @@ the path verified copies take first), "staged" (through host memory: pairs witho
 pairs, where it is pyxfer's fallback and the rate a direct path must beat) — each destination checked with
 PXH64 on its own device (pyxfer.tools.destinations) — then one 4 KiB copy with an injected bit flip that must
 be caught, proving the check works. GB/s is that of BURST (4) back-to-back "ce" copies of the large size,
-checked again after them ("ce-burst"). Then one NCCL all-gather per GPU pair over a 2-rank group
-(pyxfer.tools.pair_collectives: one process per GPU; NCCL's kernels run on both GPUs at once and poll each
-other's writes, which copy-then-synchronize probes do not), both directions checked ("collective" probes, a
-check "NCCL collective per GPU pair"; skipped with the reason where NCCL is missing). Every probe runs in a
-child process under a watchdog, so a sticky CUDA error or a hang takes down only the child: the pair is
-reported and the doctor carries on in a fresh child. The NVLink / PCIe error counters are read through NVML
+checked again after them ("ce-burst"). GPU pairs with peer access also run a "concurrent" probe: one block on
+each GPU at the same time, each writing 8 rounds of 512 KiB into the other's memory and polling flags in its
+own for the partner's rounds and acknowledgements (torch.ops.pyxfer.peer_exchange), so that a path that only
+works when a synchronize flushes it shows as corrupt or hung. Then one NCCL all-gather per GPU pair over a
+2-rank group (pyxfer.tools.pair_collectives: one process per GPU), both directions checked ("collective"
+probes, a check "NCCL collective per GPU pair"; skipped with the reason where NCCL is missing). Every probe
+runs in a child process under a watchdog, so a sticky CUDA error or a hang takes down only the child: the pair
+is reported and the doctor carries on in a fresh child. The NVLink / PCIe error counters are read through NVML
 before and after the probes (nvidia-ml-py, optional): a rise fails the "link error counters" check and is
 reported against the pairs of that GPU.
 
@@ -96,6 +98,9 @@ VERDICTS = ("ok", "corrupt", "dropped", "slow", "unsupported", "hung", "error")
 SCHEMA, SCHEMA_VERSION = "pyxfer.doctor", 3
 SMALL = 4093  # an odd size: the tail of every vectorized loop
 BURST = 4  # back-to-back copies of the large probe for a pair's GB/s
+# The concurrent exchange of a GPU pair: rounds of an odd number of words each way (512 KiB and 3 words),
+# a wait limit per round far above a healthy pair's microseconds; the words after the op's header.
+EXCHANGE_ROUNDS, EXCHANGE_WORDS, EXCHANGE_WAIT_S, EXCHANGE_HEADER_WORDS = 8, (64 << 10) + 3, 2.0, 16
 MIB = 1 << 20
 # Test-only: "hang:SRC->DST" makes the probe of that pair never finish (the watchdog's case),
 # "crash:SRC->DST" makes its process die without a word (SIGABRT, as a crashing driver would).
@@ -328,6 +333,31 @@ def _burst(out, data, src, dst, copies=BURST):
     return copies * data.numel() / (time.perf_counter() - start) / 1e9
 
 
+def _concurrent_probe(src, dst, test_fault, seed):
+    """The pair's concurrent exchange (torch.ops.pyxfer.peer_exchange): both GPUs at once writing rounds of
+    words into each other's memory and polling each other's flags, as NCCL's kernels do. A wrong word in either
+    direction is "corrupt" (offsets and counts in bytes of the words), a partner that never answers "hung".
+    Test hooks ($PYXFER_DOCTOR_TEST_FAULT): "concurrent-corrupt:SRC->DST" (one wrong word from SRC),
+    "concurrent-hang:SRC->DST" (DST's side never runs)."""
+    a = torch.empty(EXCHANGE_HEADER_WORDS + EXCHANGE_WORDS, dtype=torch.int64, device=src)
+    b = torch.empty_like(a, device=dst)
+    corrupt = 3 if test_fault == f"concurrent-corrupt:{src}->{dst}" else -1
+    stall = 1 if test_fault == f"concurrent-hang:{src}->{dst}" else -1
+    rows = torch.ops.pyxfer.peer_exchange(a, b, EXCHANGE_ROUNDS, seed, EXCHANGE_WAIT_S, corrupt, stall).tolist()
+    probe = {"path": "concurrent", "bytes": 8 * EXCHANGE_WORDS * EXCHANGE_ROUNDS, "rounds": EXCHANGE_ROUNDS}
+    seen = [(dst, src, rows[1]), (src, dst, rows[0])]  # (receiver, sender, what the receiver found)
+    wrong = [(to, frm, row) for to, frm, row in seen if row[0]]
+    if wrong:
+        to, frm, row = wrong[0]
+        return {**probe, "result": "corrupt", "first_offset": 8 * row[2], "wrong_bytes": 8 * row[0],
+                "detail": f"{row[0]} wrong words {frm} -> {to}, the first in round {row[1]} at word {row[2]}"}
+    late = [f"{to} waited more than {EXCHANGE_WAIT_S:g} s for {frm} in round {row[3] + 1}" for to, frm, row in seen
+            if row[4]]
+    if late:
+        return {**probe, "result": "hung", "detail": "; ".join(late)}
+    return {**probe, "result": "ok"}
+
+
 def _host(numel, device):
     t = torch.empty(numel, dtype=torch.uint8)
     return t.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else t
@@ -396,6 +426,8 @@ def _probe_pair(task):
                         gbps = probes[-1]["gbps"] = round(rate, 3)
                 elif largest and result == "ok" and path == "staged" and peer:
                     staged_gbps = probes[-1]["gbps"] = round(size / seconds / 1e9, 3)
+        if peer and direct:
+            probes.append(_concurrent_probe(src, dst, test_fault, task.get("seed", 0)))
         # The check itself: a bit flipped on pyxfer's direct path must be caught.
         path = "direct" if direct else "staged"
         data = random_bytes(4096)
@@ -409,10 +441,13 @@ def _probe_pair(task):
         health.mark(src, dst, before)
     bad = [p for p in probes if p["result"] in ("corrupt", "dropped")]
     missed = [p for p in probes if p["result"] == "injected-missed"]
+    hung = [p for p in probes if p["result"] == "hung"]
     if bad:
         verdict = bad[0]["result"]
         evidence = [f"{p['path']} {p['bytes']} B: {p['result']}, first wrong byte at offset {p['first_offset']}, "
-                    f"{p['wrong_bytes']} wrong" for p in bad]
+                    f"{p['wrong_bytes']} wrong" + (f" ({p['detail']})" if "detail" in p else "") for p in bad]
+    elif hung:
+        verdict, evidence = "hung", [f"{p['path']}: {p['detail']}" for p in hung]
     elif missed:
         verdict, evidence = "error", ["an injected bit flip was not caught: the probes cannot be trusted"]
     elif not direct:

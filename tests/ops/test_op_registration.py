@@ -171,6 +171,20 @@ def _pointer_chase(device, gen):
     return [(ring, 0), (ring, 7), (ring, 2503)]
 
 
+def _peer_exchange(device, gen):
+    """Two buffers of an odd number of words (the header, then 4099), 1 and 5 rounds; on CUDA two GPUs."""
+    if device == "cpu":
+        ends = ("cpu", "cpu")
+    elif torch.cuda.device_count() >= 2 and torch.cuda.can_device_access_peer(0, 1):
+        ends = ("cuda:0", "cuda:1")
+    else:
+        pytest.skip("peer_exchange on CUDA needs 2 GPUs with peer access")
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return [(torch.full((16 + 4099,), -7, dtype=torch.int64, device=ends[0]),
+             torch.full((16 + 4099,), -7, dtype=torch.int64, device=ends[1]), rounds, seed, 10.0)
+            for rounds in (1, 5)]
+
+
 SAMPLES = {
     "checksum": _checksum,
     "checksum_partial": _checksum_partial,
@@ -180,6 +194,7 @@ SAMPLES = {
     "staged_copy": _staged_copy,
     "sm_copy": _sm_copy,
     "pointer_chase": _pointer_chase,
+    "peer_exchange": _peer_exchange,
     "quantize_fp8_block": _quantize_fp8_block,
     "dequantize_fp8_block": _dequantize_fp8_block,
     "quantize_mxfp8": _quantize_mxfp8,

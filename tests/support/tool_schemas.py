@@ -80,7 +80,8 @@ def check_doctor_schema(doc):
         for probe in p["probes"]:
             assert {"path", "bytes", "result"} <= set(probe)
             assert probe["result"] in ("ok", "corrupt", "dropped", "injected-caught", "injected-missed") or \
-                probe["path"] == "collective" and probe["result"] in ("hung", "error") and probe["detail"]
+                probe["path"] in ("collective", "concurrent") and probe["result"] in ("hung", "error") \
+                and probe["detail"]
             if probe["result"] in ("corrupt", "dropped"):
                 assert isinstance(probe["first_offset"], int) and probe["wrong_bytes"] > 0
     assert set(doc["cache"]) == {"path", "written", "note"}

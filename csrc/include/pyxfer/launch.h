@@ -103,6 +103,15 @@ cudaError_t launch_sm_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes,
 cudaError_t launch_pointer_chase(const int64_t* ring, int64_t num_nodes, int64_t num_hops, int64_t* out,
                                  cudaStream_t stream);
 
+// One side of `pyxfer doctor`'s concurrent peer exchange (pyxfer/peer_exchange.h): one block on the current
+// device exchanging `rounds` rounds of num_words words with the partner side, which must run at the same time
+// on the GPU holding `theirs` (peer access enabled both ways); `mine` holds kExchangeHeaderWords + num_words
+// zeroed words on this GPU. Ends after the last round or a wait longer than timeout_ns; writes
+// result[kExchangeResultWords]. corrupt_round (side 0 only; -1: none): the round in which one word is wrong.
+cudaError_t launch_peer_exchange(int64_t* mine, int64_t* theirs, int64_t num_words, int64_t rounds, uint64_t seed,
+                                 int side, uint64_t timeout_ns, int64_t corrupt_round, int64_t* result,
+                                 cudaStream_t stream);
+
 // Largest input of launch_pxh64_small: one block reads it in about a microsecond.
 constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
 
