@@ -2,7 +2,8 @@
 // the protocol of pyxfer/peer_exchange.h at the same time as the other (a copy followed by a synchronize never
 // has both GPUs polling each other's writes; NCCL's kernels do). Each side runs on a stream of its own, so that
 // neither waits behind nor holds up the work queued on the GPUs, and ends by itself after its wait limit: a
-// partner that never answers is reported (timed out), never a hang of the caller.
+// partner that never answers is reported (timed out). (A store that never completes, on a dead link, can still
+// hold the host's synchronize: the doctor runs the op in a child process under its watchdog.)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -44,19 +45,32 @@ at::Tensor peer_exchange_cuda(const at::Tensor& a, const at::Tensor& b, int64_t 
     results[side] = at::tensor({int64_t(0), int64_t(-1), int64_t(-1), int64_t(0), int64_t(0)},
                                a.options().device(at::kCPU)).to(ends[side]->device(), /*non_blocking=*/false);
   }
+  for (int side = 0; side < 2; ++side) {
+    const c10::cuda::CUDAGuard guard(devices[side]);
+    C10_CUDA_CHECK(load_peer_exchange());
+  }
   // Both buffers zeroed before either side stores into the other's.
   for (auto& s : streams) s.synchronize();
   const uint64_t timeout_ns = static_cast<uint64_t>(std::llround(timeout_s * 1e9));
   const int64_t num_words = a.numel() - kExchangeHeaderWords;
+  cudaError_t launched[2] = {cudaSuccess, cudaSuccess};
   for (int side = 0; side < 2; ++side) {
     if (side == stall_side) continue;  // the test hook: this side never runs
     const c10::cuda::CUDAGuard guard(devices[side]);
-    C10_CUDA_CHECK(launch_peer_exchange(ends[side]->mutable_data_ptr<int64_t>(),
-                                        ends[1 - side]->mutable_data_ptr<int64_t>(), num_words, rounds, u64(seed),
-                                        side, timeout_ns, corrupt_round, results[side].mutable_data_ptr<int64_t>(),
-                                        streams[side].stream()));
+    launched[side] = launch_peer_exchange(ends[side]->mutable_data_ptr<int64_t>(),
+                                          ends[1 - side]->mutable_data_ptr<int64_t>(), num_words, rounds, u64(seed),
+                                          side, timeout_ns, corrupt_round, results[side].mutable_data_ptr<int64_t>(),
+                                          streams[side].stream());
+    if (launched[side] != cudaSuccess) break;  // the other side, if it runs, ends by its wait limit
   }
-  for (auto& s : streams) s.synchronize();  // each side ends by itself, within its wait limit per round
+  // Both streams waited for before anything can throw: a side still running writes into the other's buffer
+  // and into its result, which must not be freed under it.
+  cudaError_t waited[2];
+  for (int side = 0; side < 2; ++side) {
+    const c10::cuda::CUDAGuard guard(devices[side]);
+    waited[side] = cudaStreamSynchronize(streams[side].stream());
+  }
+  for (cudaError_t e : {launched[0], launched[1], waited[0], waited[1]}) C10_CUDA_CHECK(e);
   return at::stack({results[0].cpu(), results[1].cpu()});
 }
 

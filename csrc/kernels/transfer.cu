@@ -186,13 +186,15 @@ __global__ void __launch_bounds__(kExchangeThreads)
       atomicMin(&round_first, my_first);
     }
     __syncthreads();
-    if (threadIdx.x == 0) release(theirs + kExchangeAck, r);  // the partner may overwrite this inbox now
-    wrong += static_cast<int64_t>(round_wrong);
-    if (round_wrong && first_round < 0) {
-      first_round = r;
-      first_word = round_first;
+    if (threadIdx.x == 0) {  // only thread 0 reports, and it resets the round's counts next round
+      release(theirs + kExchangeAck, r);  // the partner may overwrite this inbox now
+      wrong += static_cast<int64_t>(round_wrong);
+      if (round_wrong && first_round < 0) {
+        first_round = r;
+        first_word = round_first;
+      }
+      done = r;
     }
-    done = r;
   }
   if (threadIdx.x == 0) {
     result[kResultWrong] = wrong;
@@ -255,6 +257,11 @@ cudaError_t launch_pointer_chase(const int64_t* ring, int64_t num_nodes, int64_t
                                  cudaStream_t stream) {
   pointer_chase_kernel<<<1, 1, 0, stream>>>(ring, num_nodes, num_hops, out);
   return cudaGetLastError();
+}
+
+cudaError_t load_peer_exchange() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, peer_exchange_kernel);
 }
 
 cudaError_t launch_peer_exchange(int64_t* mine, int64_t* theirs, int64_t num_words, int64_t rounds, uint64_t seed,

@@ -12,7 +12,8 @@ on a machine without GPUs):
                (GPU -> GPU, host -> GPU, GPU -> host) in the same run, or under the pair's absolute floor
                (pyxfer.tools.floors: per GPU model and link, e.g. H100 / H200 SXM NVLink 335 GB/s)
   unsupported  no peer access between the GPUs: their copies route staged (the staged path is probed)
-  hung         a probe did not finish within --timeout seconds (its child process was killed)
+  hung         a probe did not finish within --timeout seconds (its child process was killed), or in the
+               concurrent probe a GPU waited for its partner's flags past the wait limit (2 s)
   error        a probe raised or its process died (a sticky CUDA error, ...): the evidence says what
 
 Every pair also gets its path (nvlink, pcie, peer, none, local, host, memory: pyxfer.tools.advice) and, when
@@ -335,27 +336,29 @@ def _burst(out, data, src, dst, copies=BURST):
 
 def _concurrent_probe(src, dst, test_fault, seed):
     """The pair's concurrent exchange (torch.ops.pyxfer.peer_exchange): both GPUs at once writing rounds of
-    words into each other's memory and polling each other's flags, as NCCL's kernels do. A wrong word in either
-    direction is "corrupt" (offsets and counts in bytes of the words), a partner that never answers "hung".
-    Test hooks ($PYXFER_DOCTOR_TEST_FAULT): "concurrent-corrupt:SRC->DST" (one wrong word from SRC),
+    words into each other's memory and polling each other's flags, as NCCL's kernels do. A wrong word from src to
+    dst is "corrupt" (offsets and counts in bytes of whole words; wrong words the other way are named in the
+    detail: the reverse pair's own probe judges them), a partner that never answers "hung". Test hooks
+    ($PYXFER_DOCTOR_TEST_FAULT): "concurrent-corrupt:SRC->DST" (one wrong word from SRC),
     "concurrent-hang:SRC->DST" (DST's side never runs)."""
     a = torch.empty(EXCHANGE_HEADER_WORDS + EXCHANGE_WORDS, dtype=torch.int64, device=src)
     b = torch.empty_like(a, device=dst)
     corrupt = 3 if test_fault == f"concurrent-corrupt:{src}->{dst}" else -1
     stall = 1 if test_fault == f"concurrent-hang:{src}->{dst}" else -1
-    rows = torch.ops.pyxfer.peer_exchange(a, b, EXCHANGE_ROUNDS, seed, EXCHANGE_WAIT_S, corrupt, stall).tolist()
+    at_src, at_dst = torch.ops.pyxfer.peer_exchange(a, b, EXCHANGE_ROUNDS, seed, EXCHANGE_WAIT_S, corrupt,
+                                                    stall).tolist()
     probe = {"path": "concurrent", "bytes": 8 * EXCHANGE_WORDS * EXCHANGE_ROUNDS, "rounds": EXCHANGE_ROUNDS}
-    seen = [(dst, src, rows[1]), (src, dst, rows[0])]  # (receiver, sender, what the receiver found)
-    wrong = [(to, frm, row) for to, frm, row in seen if row[0]]
-    if wrong:
-        to, frm, row = wrong[0]
-        return {**probe, "result": "corrupt", "first_offset": 8 * row[2], "wrong_bytes": 8 * row[0],
-                "detail": f"{row[0]} wrong words {frm} -> {to}, the first in round {row[1]} at word {row[2]}"}
-    late = [f"{to} waited more than {EXCHANGE_WAIT_S:g} s for {frm} in round {row[3] + 1}" for to, frm, row in seen
-            if row[4]]
+    back = (f"; also {at_src[0]} wrong words {dst} -> {src}, the first in round {at_src[1]} at word {at_src[2]}"
+            if at_src[0] else "")
+    if at_dst[0]:
+        return {**probe, "result": "corrupt", "first_offset": 8 * at_dst[2], "wrong_bytes": 8 * at_dst[0],
+                "detail": f"{at_dst[0]} wrong words {src} -> {dst}, the first in round {at_dst[1]} at word "
+                          f"{at_dst[2]}" + back}
+    late = [f"{to} waited more than {EXCHANGE_WAIT_S:g} s for {frm} in round {row[3] + 1}"
+            for to, frm, row in ((dst, src, at_dst), (src, dst, at_src)) if row[4]]
     if late:
-        return {**probe, "result": "hung", "detail": "; ".join(late)}
-    return {**probe, "result": "ok"}
+        return {**probe, "result": "hung", "detail": "; ".join(late) + back}
+    return {**probe, "result": "ok", **({"detail": back[2:]} if back else {})}
 
 
 def _host(numel, device):
@@ -426,7 +429,7 @@ def _probe_pair(task):
                         gbps = probes[-1]["gbps"] = round(rate, 3)
                 elif largest and result == "ok" and path == "staged" and peer:
                     staged_gbps = probes[-1]["gbps"] = round(size / seconds / 1e9, 3)
-        if peer and direct:
+        if peer and direct and torch.cuda.can_device_access_peer(dst.index, src.index):  # the op maps both ways
             probes.append(_concurrent_probe(src, dst, test_fault, task.get("seed", 0)))
         # The check itself: a bit flipped on pyxfer's direct path must be caught.
         path = "direct" if direct else "staged"

@@ -112,6 +112,10 @@ cudaError_t launch_peer_exchange(int64_t* mine, int64_t* theirs, int64_t num_wor
                                  int side, uint64_t timeout_ns, int64_t corrupt_round, int64_t* result,
                                  cudaStream_t stream);
 
+// Loads peer_exchange's kernel on the current device (lazy module loading would otherwise load it at the first
+// launch, while the partner side may already be waiting).
+cudaError_t load_peer_exchange();
+
 // Largest input of launch_pxh64_small: one block reads it in about a microsecond.
 constexpr uint64_t kSmallHashBytes = uint64_t(64) << 10;
 
