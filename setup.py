@@ -96,12 +96,13 @@ common = dict(
 if WITH_CUDA:
     arch_macro = "-DPYXFER_CUDA_ARCH_LIST=" + ",".join(a.rstrip("a") for a in ARCHS)
     ext = CUDAExtension(
-        sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/cpu/*.cpp", "csrc/cuda/*.cpp", "csrc/kernels/*.cu"),
+        sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp", "csrc/cuda/*.cpp",
+                        "csrc/kernels/*.cu"),
         extra_compile_args={"cxx": cxx_flags + [arch_macro], "nvcc": NVCC_FLAGS + gencode_flags(ARCHS)},
         **common,
     )
 else:
-    ext = CppExtension(sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/cpu/*.cpp"),
+    ext = CppExtension(sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp"),
                        extra_compile_args={"cxx": cxx_flags}, **common)
 
 setup(

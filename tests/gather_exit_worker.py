@@ -1,7 +1,8 @@
 """Runs ``--runs`` 2-rank gloo groups of pyxfer.all_gather in forked processes that exit through
 normal interpreter finalization, and prints one JSON object: how each process ended. Each run: 4
 matching calls (the group goes fused), one call where rank 1 passes another dim 0 (``shape``) or
-None (``none``), expected to raise the documented error on every rank, one good call,
+None (``none``), expected to raise the documented error on every rank (rank 0, which called as the
+group predicted, from pyxfer.check_gathers), one good call,
 destroy_process_group(), normal exit. An object of the failed call that outlives the process group
 (e.g. a gloo Work kept alive by a stored exception's traceback) aborts the process at exit.
 
@@ -30,6 +31,7 @@ def run_rank(variant, rank, init):
     odd = torch.ones(5, 3) if variant == "shape" else None
     try:
         pyxfer.all_gather(odd if rank == 1 else x)
+        pyxfer.check_gathers()  # (a fused call: the ranks that called as predicted raise here)
     except (ValueError, TypeError) as e:
         if rank == 0 or variant == "shape":
             assert "dim 0" in str(e) if variant == "shape" else "rejected its input" in str(e), e
