@@ -87,6 +87,10 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("gather_plan_new(int[] desc) -> int");
   m.def("gather_plan_free(int plan) -> ()");
   m.def("gather_latch_new(Device device) -> Tensor");
+  // Host-time accounting of the calls below, since the last reset (benchmarks/gather_overhead.py):
+  // [calls, ns inside the process group's collective call, verdict waits that found the verdict missing
+  // (the host was ahead of the device), ns spent in them].
+  m.def("gather_stats(bool reset=False) -> int[]");
   // Posts one collective of every part cut from `inputs` (kModeScratch: uninitialized buffers of the
   // plan's layout) and the record `meta` (NVFP4: with the `amax` bits; kModeHashes: with the PXH64 of
   // every sent buffer), after waiting for the verdict of call `wait_seq` (> 0): if that call disagreed,

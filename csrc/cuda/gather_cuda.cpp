@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -83,6 +84,11 @@ int64_t* new_latch_cuda(c10::Device device) {
 // A device that failed never writes it: its error is surfaced from the streams that would.
 bool verdict_bad(const int64_t* latch, int64_t seq, const CUDAStream& current, bool capturing) {
   const volatile int64_t* w = latch + latch_slot(seq, false);
+  if ((*w >> kSlotShift) == seq) {
+    note_verdict_wait(false, 0);
+    return (*w & kVerdictBad) != 0;
+  }
+  const auto started = std::chrono::steady_clock::now();
   for (uint64_t spins = 1; (*w >> kSlotShift) != seq; ++spins) {
     if (spins % 4096 != 0) continue;
     std::this_thread::yield();
@@ -91,6 +97,8 @@ bool verdict_bad(const int64_t* latch, int64_t seq, const CUDAStream& current, b
     const cudaError_t e = cudaStreamQuery(current.stream());
     if (e != cudaSuccess && e != cudaErrorNotReady) C10_CUDA_CHECK(e);
   }
+  note_verdict_wait(true, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                                started).count());
   return (*w & kVerdictBad) != 0;
 }
 
@@ -157,7 +165,10 @@ Posted post_cuda(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const GatherP
   outs.push_back(posted.meta_recv);
   c10d::AllgatherOptions opts;
   opts.asyncOp = async;
+  const auto launch_started = std::chrono::steady_clock::now();
   c10::intrusive_ptr<c10d::Work> work = pg->all_gather_single_coalesced(outs, ins, opts);
+  note_collective(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                       launch_started).count());
   const RecordsView view = view_of(plan, posted.meta_recv);
   if (!async) {
     work.reset();  // the collective is queued on `current` (asyncOp=false): nothing to wait for

@@ -14,6 +14,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -31,6 +33,14 @@ int64_t PartPlan::send_numel() const {
 }
 
 namespace {
+
+// gather_stats: [native calls, ns inside the collective calls, verdict waits that found it missing, ns waited]
+std::atomic<int64_t> stat_calls{0}, stat_collective_ns{0}, stat_waits{0}, stat_wait_ns{0};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::mutex& registry_mutex() {
   static std::mutex m;
@@ -203,9 +213,11 @@ Posted post_cpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const GatherPl
   const int64_t total = packed.numel();
   at::Tensor gathered = at::empty({plan.world * total}, packed.options());
   c10d::AllgatherOptions opts;
+  const int64_t started = now_ns();
   c10::intrusive_ptr<c10d::Work> work = pg->all_gather_single(gathered, packed, opts);
   if (work) work->wait();
   work.reset();  // NOTE: no Work object outlives its use (a gloo Work that outlives its group aborts at exit)
+  note_collective(now_ns() - started);
   const std::vector<at::Tensor> columns = gathered.view({plan.world, total}).split_with_sizes(sizes, 1);
   for (size_t i = 0; i < sends.size(); ++i) {
     if (sizes[i] == 0) continue;
@@ -381,6 +393,7 @@ std::vector<at::Tensor> gather_post_impl(c10::string_view group, int64_t plan_id
   int64_t* latch = latch_at(latch_address, meta.is_cuda());
   TORCH_CHECK(amax.empty() || (plan->nvfp4.enabled && amax.size() == 2), kOp, ": amax must be empty or hold the "
               "(rowwise, columnwise) amax of an NVFP4 plan");
+  stat_calls += 1;
   return posted_outputs(
       backend_for(meta).post(group_named(group), *plan, inputs.vec(), meta, amax.vec(), latch, seq, wait_seq, mode),
       true);
@@ -403,6 +416,7 @@ std::vector<at::Tensor> gather_run_impl(c10::string_view group, int64_t plan_id,
   const std::shared_ptr<const GatherPlan> plan = plan_of(plan_id);
   check_meta(*plan, meta, "meta", 1);
   int64_t* latch = latch_at(latch_address, meta.is_cuda());
+  stat_calls += 1;
   const Backend& backend = backend_for(meta);
   Posted posted = backend.post(group_named(group), *plan, inputs.vec(), meta, amax.vec(), latch, seq, wait_seq, mode);
   if (posted.posted) backend.finish(*plan, posted.results, posted.temps, posted.meta_recv, seq, mode);
@@ -417,6 +431,14 @@ std::shared_ptr<const GatherPlan> find_plan(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex());
   const auto it = registry().find(id);
   return it == registry().end() ? nullptr : it->second;
+}
+
+void note_collective(int64_t ns) { stat_collective_ns += ns; }
+
+void note_verdict_wait(bool waited, int64_t ns) {
+  if (!waited) return;
+  stat_waits += 1;
+  stat_wait_ns += ns;
 }
 
 bool register_cuda_backend(const Backend& backend) {
@@ -535,6 +557,12 @@ at::Tensor gather_latch_new_impl(c10::Device device) {
   return at::from_blob(words, {kLatchWords}, at::TensorOptions().dtype(at::kLong));
 }
 
+std::vector<int64_t> gather_stats_impl(bool reset) {
+  std::vector<int64_t> out{stat_calls.load(), stat_collective_ns.load(), stat_waits.load(), stat_wait_ns.load()};
+  if (reset) stat_calls = stat_collective_ns = stat_waits = stat_wait_ns = 0;
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyxfer, CompositeExplicitAutograd, m) {
@@ -548,6 +576,7 @@ TORCH_LIBRARY_IMPL(pyxfer, CompositeImplicitAutograd, m) {
   m.impl("gather_plan_new", &plan_new);
   m.impl("gather_plan_free", &plan_free);
   m.impl("gather_latch_new", &gather_latch_new_impl);
+  m.impl("gather_stats", &gather_stats_impl);
 }
 
 }  // namespace gather

@@ -111,5 +111,10 @@ struct Backend {
 };
 bool register_cuda_backend(const Backend& backend);
 
+// Host-time accounting of the native calls (gather_stats; benchmarks/gather_overhead.py): time inside
+// the process group's collective call, and waits for an earlier call's verdict that found it missing.
+void note_collective(int64_t ns);
+void note_verdict_wait(bool waited, int64_t ns);
+
 }  // namespace gather
 }  // namespace pyxfer
