@@ -1,7 +1,12 @@
 """pyxfer's one build definition: sources, flags and CUDA architectures live here (CMakeLists.txt
-only delegates). Build with the torch you will run against:
+only delegates). Build with the torch you will run against, installed first:
 
-    pip install --no-build-isolation -e .
+    pip install torch && pip install --no-build-isolation -e .      # a checkout
+    pip install torch && pip install --no-build-isolation pyxfer-*.tar.gz   # an sdist
+
+Only building the extension needs torch: an sdist and the metadata are made without it (so
+``python -m build --sdist`` works in an isolated environment), and building the extension without
+torch stops with a message saying to install torch first.
 
 Environment:
     PYXFER_CUDA_ARCHS   named CUDA architectures, e.g. "90" or "80;90;100" (default below);
@@ -17,9 +22,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-from setuptools import find_packages, setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError:  # an sdist or the metadata: fine; building the extension: NeedsTorch says what to do
+    torch = None
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
@@ -61,52 +71,66 @@ def sources(*patterns):
 
 
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
+CPU_SOURCES = ("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp")  # every build
+CUDA_SOURCES = ("csrc/cuda/*.cpp", "csrc/kernels/*.cu")  # CUDA builds
 
 
-class BuildWithKernelCheck(BuildExtension):
-    """With a CPU-only torch, compile csrc/kernels/*.cu with nvcc anyway (a check; objects discarded)."""
+class NeedsTorch(build_ext):
+    """build_ext without torch: stops with what to do (the extension is built against the installed torch)."""
 
     def run(self):
-        mode = os.environ.get("PYXFER_KERNEL_CHECK", "auto")
-        nvcc = nvcc_path()
-        if not WITH_CUDA and mode != "0" and (nvcc or mode == "1"):
-            if not nvcc:
-                raise SystemExit("PYXFER_KERNEL_CHECK=1 but nvcc was not found")
-            with tempfile.TemporaryDirectory() as out:
-                for cu in sources("csrc/kernels/*.cu"):
-                    cmd = [nvcc, "-c", *NVCC_FLAGS, *gencode_flags(ARCHS), f"-I{CSRC / 'include'}", cu,
-                           "-o", str(Path(out) / (Path(cu).stem + ".o"))]
-                    print("kernel check:", " ".join(cmd), flush=True)
-                    subprocess.run(cmd, check=True, cwd=ROOT)
-        super().run()
+        raise SystemExit("pyxfer: building the native extension needs torch, which is not importable here. Install "
+                         "the torch you will run first (pip install torch), then build pyxfer against it without "
+                         "build isolation: pip install --no-build-isolation pyxfer (a checkout: -e .; an sdist: its "
+                         ".tar.gz). Build isolation would build against another torch, or none.")
 
 
+def extension_without_torch():
+    """pyxfer._C as declared without torch: enough for an sdist and the metadata, never built."""
+    return Extension("pyxfer._C", sources=sources(*CPU_SOURCES)), NeedsTorch
 
 
-WITH_CUDA = want_cuda()
-ARCHS = cuda_archs()
-# Match torch's libstdc++ ABI explicitly: recent cpp_extension assumes the compiler default, and a
-# mismatch makes every std::string crossing into torch (error messages, str results) crash.
-ABI_FLAG = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-cxx_flags = ["-O3", ABI_FLAG, f"-DPYXFER_WITH_CUDA={int(WITH_CUDA)}"]
-common = dict(
-    name="pyxfer._C",
-    include_dirs=[str(CSRC), str(CSRC / "include")],
-)
-if WITH_CUDA:
-    arch_macro = "-DPYXFER_CUDA_ARCH_LIST=" + ",".join(a.rstrip("a") for a in ARCHS)
-    ext = CUDAExtension(
-        sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp", "csrc/cuda/*.cpp",
-                        "csrc/kernels/*.cu"),
-        extra_compile_args={"cxx": cxx_flags + [arch_macro], "nvcc": NVCC_FLAGS + gencode_flags(ARCHS)},
-        **common,
-    )
-else:
-    ext = CppExtension(sources=sources("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp"),
-                       extra_compile_args={"cxx": cxx_flags}, **common)
+def extension_with_torch():
+    """pyxfer._C built against the installed torch (CUDA when torch has it and nvcc is found), and its build_ext."""
+    class BuildWithKernelCheck(BuildExtension):
+        """With a CPU-only torch, compile csrc/kernels/*.cu with nvcc anyway (a check; objects discarded)."""
 
+        def run(self):
+            mode = os.environ.get("PYXFER_KERNEL_CHECK", "auto")
+            nvcc = nvcc_path()
+            if not with_cuda and mode != "0" and (nvcc or mode == "1"):
+                if not nvcc:
+                    raise SystemExit("PYXFER_KERNEL_CHECK=1 but nvcc was not found")
+                with tempfile.TemporaryDirectory() as out:
+                    for cu in sources("csrc/kernels/*.cu"):
+                        cmd = [nvcc, "-c", *NVCC_FLAGS, *gencode_flags(archs), f"-I{CSRC / 'include'}", cu,
+                               "-o", str(Path(out) / (Path(cu).stem + ".o"))]
+                        print("kernel check:", " ".join(cmd), flush=True)
+                        subprocess.run(cmd, check=True, cwd=ROOT)
+            super().run()
+
+    with_cuda = want_cuda()
+    archs = cuda_archs()
+    # Match torch's libstdc++ ABI explicitly: recent cpp_extension assumes the compiler default, and a
+    # mismatch makes every std::string crossing into torch (error messages, str results) crash.
+    abi_flag = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    cxx_flags = ["-O3", abi_flag, f"-DPYXFER_WITH_CUDA={int(with_cuda)}"]
+    common = dict(name="pyxfer._C", include_dirs=[str(CSRC), str(CSRC / "include")])
+    if with_cuda:
+        arch_macro = "-DPYXFER_CUDA_ARCH_LIST=" + ",".join(a.rstrip("a") for a in archs)
+        ext = CUDAExtension(
+            sources=sources(*CPU_SOURCES, *CUDA_SOURCES),
+            extra_compile_args={"cxx": cxx_flags + [arch_macro], "nvcc": NVCC_FLAGS + gencode_flags(archs)},
+            **common,
+        )
+    else:
+        ext = CppExtension(sources=sources(*CPU_SOURCES), extra_compile_args={"cxx": cxx_flags}, **common)
+    return ext, BuildWithKernelCheck
+
+
+ext, build_ext_class = extension_without_torch() if torch is None else extension_with_torch()
 setup(
     packages=find_packages(include=["pyxfer", "pyxfer.*"]),
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildWithKernelCheck},
+    cmdclass={"build_ext": build_ext_class},
 )

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pyxfer._timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_time_ms, fmt_size  # noqa: E402
 from pyxfer.buffers import pack  # noqa: E402
+from pyxfer.tools.timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_time_ms, fmt_size  # noqa: E402
 
 from common import print_table, write_json  # noqa: E402
 

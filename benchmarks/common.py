@@ -1,6 +1,6 @@
 """Table and JSON output shared by the benchmarks. The measurement method (CUDA events, the held
 stream, medians) and the machine facts live in the package, shared with `pyxfer bench`:
-pyxfer._timing and pyxfer._machine."""
+pyxfer.tools.timing and pyxfer.tools.machine."""
 import json
 
 

@@ -2,7 +2,7 @@
 copy of the same input, measured in the same run.
 
 GPU (--device, default cuda:0): CUDA events on its current stream, warm-up, median of 20, the stream
-held by a spin kernel while the host issues the timed call (pyxfer._timing.cuda_times, as nvbench's blocking
+held by a spin kernel while the host issues the timed call (pyxfer.tools.timing.cuda_times, as nvbench's blocking
 kernel): the times are the GPU's work for a call issued ahead of it, as in a model's stream, and the
 host's time to issue one call is its own column ("host us"). Inputs are random (randn) of --dtype
 (default bfloat16; the sizes below are bf16's) and shapes 1024x8192 (16 MiB), 8192x16384 (256 MiB)
@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pyxfer import formats  # noqa: E402
-from pyxfer._timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_times, fmt_gbps, fmt_size  # noqa: E402
+from pyxfer.tools.timing import L2_DEFEAT_BYTES, cpu_time_ms, cuda_times, fmt_gbps, fmt_size  # noqa: E402
 
 from common import print_table, print_targets, write_json  # noqa: E402
 

@@ -76,9 +76,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
 import pyxfer.gather  # noqa: E402
 from pyxfer import formats  # noqa: E402
-from pyxfer._machine import machine_info  # noqa: E402
-from pyxfer._timing import fmt_gbps  # noqa: E402
 from pyxfer.gather import QuantizedGatherFallbackWarning  # noqa: E402
+from pyxfer.tools.machine import machine_info  # noqa: E402
+from pyxfer.tools.timing import fmt_gbps  # noqa: E402
 
 from common import print_table, print_targets, write_json  # noqa: E402
 

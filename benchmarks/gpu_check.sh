@@ -5,8 +5,9 @@
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
 # Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
 # arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
-# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once), PYXFER_BENCH_PRESET,
-# PYXFER_BENCH_ARGS (more `pyxfer bench` arguments), PYXFER_CXX (compiler).
+# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once; tests/ has one folder per subject,
+# e.g. 'tests/transfer tests/guard|tests/gather|tests/formats tests/checksum|tests/integrations tests/tools'),
+# PYXFER_BENCH_PRESET, PYXFER_BENCH_ARGS (more `pyxfer bench` arguments), PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}

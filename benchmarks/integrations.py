@@ -77,9 +77,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
-from pyxfer._machine import machine_info  # noqa: E402
-from pyxfer._timing import cpu_samples  # noqa: E402
 from pyxfer.integrations import accelerate as pxa  # noqa: E402
+from pyxfer.tools.machine import machine_info  # noqa: E402
+from pyxfer.tools.timing import cpu_samples  # noqa: E402
 
 from common import print_table, print_targets, write_json  # noqa: E402
 

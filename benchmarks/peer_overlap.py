@@ -14,14 +14,17 @@ and the wall-clock latency of a 4 KiB copy (raw and verified sync, median of 200
 GPU and stream and when (torch.profiler), relative to the call's start on the host, and when the call
 returned: where the time between the copy and the host's return goes.
 
---schedules "6,2 8,2 2,8:0" runs the verified cases once per schedule, each in a subprocess with the
-native library's knobs set (read once): "<shrink>,<min chunk MiB>" is PYXFER_PEER_CHUNKS (each chunk
-of the copy-engine pipeline is 1/shrink of the one before, none below the minimum; "2,8" is halving
-with 8 MiB chunks, "1,1" no pipelining) and an optional ":<MiB>" PYXFER_PEER_FUSED_MIB (hashed peer
-copies up to that size run as one pull-and-hash kernel; 0: never). Prints them side by side against
+--schedules "auto auto@1 9,4@1 2,8:0" runs the verified cases once per schedule, each in a subprocess
+with the native library's knobs set (read once): "auto" is the schedule pyxfer derives from the pair's
+rates (measured at its first large copy; PYXFER_PEER_CHUNKS unset), "<shrink>,<min chunk MiB>" is
+PYXFER_PEER_CHUNKS (each chunk of the copy-engine pipeline is 1/shrink of the one before, none below
+the minimum; "2,8" is halving with 8 MiB chunks, "1,1" no pipelining); an optional ":<MiB>" sets
+PYXFER_PEER_FUSED_MIB (hashed peer copies up to that size run as the source hash plus one pull-and-hash
+kernel; 0: never) and an optional "@<share>" PYXFER_PEER_HASH_GRID (the hashes beside the copy get
+that share of a wave of blocks; "@1": full grids, as before issue 34). Prints them side by side against
 raw copy_ measured in each run.
 
-    python benchmarks/peer_overlap.py [--schedules "6,2 8,2 2,8:0"] [--timeline] [--json out.json]
+    python benchmarks/peer_overlap.py [--schedules "auto auto@1 9,4@1"] [--timeline] [--json out.json]
 """
 import argparse
 import json
@@ -37,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402,F401
-from pyxfer._timing import fmt_size  # noqa: E402
+from pyxfer.tools.timing import fmt_size  # noqa: E402
 
 from common import print_table, write_json  # noqa: E402
 
@@ -168,21 +171,35 @@ def print_timeline(result):
                     ["gpu", "stream", "op", "start us", "end us", "us"], rows)
 
 
+KNOBS = ("PYXFER_PEER_CHUNKS", "PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_HASH_GRID")
+
+
+def schedule_env(schedule):
+    """The knobs of one --schedules entry: "auto" or "<shrink>,<min MiB>", then ":<fused MiB>" and
+    "@<hash grid share>", each optional; the knobs it does not name are unset."""
+    spec, _, grid = schedule.partition("@")
+    chunks, _, fused = spec.partition(":")
+    env = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    for name, value in zip(KNOBS, ("" if chunks == "auto" else chunks, fused, grid)):
+        if value:
+            env[name] = value
+    return env
+
+
 def run_schedules(schedules):
     """One subprocess per schedule (the native library reads its knobs once)."""
     runs = {}
     for schedule in schedules:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            chunks, _, fused = schedule.partition(":")
-            env = dict(os.environ, PYXFER_PEER_CHUNKS=chunks, **({"PYXFER_PEER_FUSED_MIB": fused} if fused else {}))
-            subprocess.run([sys.executable, __file__, "--child", "--json", out.name], env=env, check=True)
+            subprocess.run([sys.executable, __file__, "--child", "--json", out.name], env=schedule_env(schedule),
+                           check=True)
             runs[schedule] = json.load(open(out.name))["rows"]
     return runs
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--schedules", help='schedules to compare, e.g. "6,2 8,2 2,8:0" (see the docstring)')
+    p.add_argument("--schedules", help='schedules to compare, e.g. "auto auto@1 9,4@1 2,8:0" (see the docstring)')
     p.add_argument("--timeline", action="store_true", help="profile one raw and one verified copy (see the docstring)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json")
@@ -214,7 +231,8 @@ def main():
                 else:
                     rows.append([schedule, fmt_size(r["bytes"]), r["case"], f"{r['ms']:.3f} ms",
                                  f"raw {base['ms']:.3f} ms", f"{100 * base['ms'] / r['ms']:.1f}% of raw"])
-        print_table("verified peer copies cuda:0 -> cuda:1 per schedule (PYXFER_PEER_CHUNKS[:PYXFER_PEER_FUSED_MIB]; "
+        print_table("verified peer copies cuda:0 -> cuda:1 per schedule (auto|PYXFER_PEER_CHUNKS"
+                    "[:PYXFER_PEER_FUSED_MIB][@PYXFER_PEER_HASH_GRID]; "
                     "CUDA events, median of 10; 4 KiB: wall latency, median of 200)",
                     ["schedule", "size", "case", "time", "baseline", "vs raw"], rows)
         write_json(args.json, {"schedules": runs})

@@ -45,8 +45,8 @@ import gather  # noqa: E402
 import transfer  # noqa: E402
 
 import pyxfer  # noqa: E402
-from pyxfer._machine import machine_info  # noqa: E402
-from pyxfer._timing import fmt_gbps  # noqa: E402
+from pyxfer.tools.machine import machine_info  # noqa: E402
+from pyxfer.tools.timing import fmt_gbps  # noqa: E402
 
 from common import print_table, print_targets, write_json  # noqa: E402
 

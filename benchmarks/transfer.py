@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyxfer  # noqa: E402
-from pyxfer._timing import L2_DEFEAT_BYTES, cuda_time_ms, fmt_size  # noqa: E402
 from pyxfer.testing import inject_fault  # noqa: E402
+from pyxfer.tools.timing import L2_DEFEAT_BYTES, cuda_time_ms, fmt_size  # noqa: E402
 
 from common import print_table, write_json  # noqa: E402
 
@@ -83,7 +83,7 @@ def wall_ms(fn, inputs, pair, *, warmup=2, reps=10, min_calls=4):
 
 def event_ms(fn, inputs, pair, *, device=None, warmup=3, reps=20):
     """CUDA events on the current stream of `device` (default: the pair's event device; it must be one
-    whose stream the work is ordered on) via pyxfer._timing.cuda_time_ms; wall clock without a GPU."""
+    whose stream the work is ordered on) via pyxfer.tools.timing.cuda_time_ms; wall clock without a GPU."""
     device = device or pair.event_device
     if device is None:
         return wall_ms(fn, inputs, pair, warmup=warmup, reps=reps)
@@ -371,7 +371,8 @@ def main():
     else:
         print("targets: defined for a pair of GPUs; not evaluated here\n")
     # the peer-copy knobs in effect (read by the native library; see peer_overlap.py)
-    result["peer_knobs"] = {k: os.environ.get(k, "default") for k in ("PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS")}
+    result["peer_knobs"] = {k: os.environ.get(k, "default") for k in ("PYXFER_PEER_FUSED_MIB", "PYXFER_PEER_CHUNKS",
+                                                                      "PYXFER_PEER_HASH_GRID", "PYXFER_PEER_RATES")}
     print(" ".join(f"{k}={v}" for k, v in result["peer_knobs"].items()))
     write_json(args.json, result)
 

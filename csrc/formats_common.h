@@ -1,6 +1,6 @@
 // Argument checks and output allocation of the format ops, shared by the CPU implementations and the
 // CUDA bindings so that both validate alike and allocate byte-identical layouts (torch-aware).
-// Layouts: csrc/include/pyxfer/formats.h; contract: shared/specs/quantized-formats.md §2-§4.
+// Layouts: csrc/include/pyxfer/formats.h; contract: docs/specs/quantized-formats.md §2-§4.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -15,14 +15,22 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("checksum_combine(Tensor partials, int num_bytes, int seed=0) -> Tensor");
   // Build facts (torch built against, CUDA on/off, architectures) as a JSON object.
   m.def("build_info() -> str");
+  // The host hashing pool as a JSON object: worker threads, the PXH64 instruction set in use and those this
+  // CPU runs, the bytes of one work item (csrc/cpu/host_pool.h).
+  m.def("host_hash_info() -> str");
+  // Test support for the host hashing pool: runs num_tasks tasks (each spinning spin_us microseconds), the
+  // one numbered fail_at (if >= 0) raising; returns how many ran to completion.
+  m.def("_host_pool_selftest(int num_tasks, int fail_at=-1, int spin_us=0) -> int");
 
   // Verified transfers (csrc/transfer/). Devices in the registries below are coded -1 = CPU,
   // n = cuda:n, -2 = any.
   // Copy of src on `device` (same dtype, shape, bits; contiguous), checked end to end with PXH64.
   // route: auto | direct | staged. verify: sync (wait, repair through the staged path or raise
   // "pyxfer.TransferError"), deferred (compare on the device, latch mismatches for
-  // take_transfer_errors), none.
-  m.def("verified_copy(Tensor src, Device device, str route=\"auto\", str verify=\"sync\") -> Tensor");
+  // take_transfer_errors), none. pin_memory: a CPU result of a copy from a GPU is page-locked memory from
+  // torch's caching host allocator (False: pageable); ignored for other pairs.
+  m.def("verified_copy(Tensor src, Device device, str route=\"auto\", str verify=\"sync\", bool pin_memory=True) "
+        "-> Tensor");
   // Unverified copy through the bounded pool of pinned host buffers, pipelined in chunks.
   m.def("staged_copy(Tensor src, Device device) -> Tensor");
   // Copies src's bytes into dst (both contiguous, the same number of bytes) with a copy kernel: on
@@ -51,9 +59,21 @@ TORCH_LIBRARY(pyxfer, m) {
   // The record of the failure this thread's last sync verified_copy raised (then cleared), in the
   // same layout: count 1, the first try's hashes and route, attempt 2; [] if none.
   m.def("take_sync_transfer_error() -> int[]");
+  // The pure parts of verified GPU copies, for tests on any machine (csrc/transfer/peer_plan.cpp).
+  // The copy-engine schedule of a num_bytes peer copy from the pair's rates (GB/s) and one wave of the
+  // hash kernel: [shrink, min_chunk, hash_blocks, src_blocks, end of each chunk...]; with knobs, as
+  // PYXFER_PEER_CHUNKS / PYXFER_PEER_HASH_GRID override it.
+  m.def("plan_peer_chunks(int num_bytes, float link_gbps, float hash_gbps, int wave_blocks, bool knobs=False) -> int[]");
+  // The checker's verdict on published words [src, dst, src_token, dst_token] of call `seq` whose ends
+  // are cuda:src_device and cuda:dst_device (pyxfer/verify_words.h): [ok, src_hash, dst_hash].
+  m.def("judge_verify_words(int[] words, int seq, int src_device, int dst_device) -> int[]");
+  // Sizes (bytes) where verified GPU copies change protocol: [largest two-kernel peer copy run in a row,
+  // largest one-kernel pull (PYXFER_PEER_FUSED_MIB; above it the copy engine), largest copy whose sync
+  // wait polls the published words].
+  m.def("verified_copy_limits() -> int[]");
 
   // Quantized formats (csrc/include/pyxfer/formats.h; layouts as Transformer Engine's, see
-  // shared/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each
+  // docs/specs/quantized-formats.md). M = product of x's leading dims, K = its last dim. Each
   // quantize op returns (rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv),
   // a 0-element tensor for a usage not asked for; data is uint8 bytes, scale padding is zero.
   // FP8 block scaling, 1x128 (block_dim=1) or 128x128 (block_dim=2), any M and K (partial blocks).

@@ -28,6 +28,4 @@ __all__ = [
 ]
 
 testing._install_from_env()
-from ._verdict_cache import load_from_env as _load_doctor_verdicts  # noqa: E402
-
-_load_doctor_verdicts()  # opt-in: $PYXFER_HEALTH_FROM_DOCTOR (see pyxfer.health)
+health.load_from_env()  # opt-in: $PYXFER_HEALTH_FROM_DOCTOR (see pyxfer.health)

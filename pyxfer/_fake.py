@@ -2,6 +2,7 @@
 Shapes, dtypes and devices only; the schemas live in csrc/torch_bindings.cpp."""
 import torch
 
+from ._checks import check_tensor
 from .formats import buffer_layout
 
 
@@ -21,7 +22,7 @@ def _checksum_combine_fake(partials, num_bytes, seed=0):
 
 
 @torch.library.register_fake("pyxfer::verified_copy")
-def _verified_copy_fake(src, device, route="auto", verify="sync"):
+def _verified_copy_fake(src, device, route="auto", verify="sync", pin_memory=True):
     return torch.empty(src.shape, dtype=src.dtype, device=device)
 
 
@@ -32,6 +33,10 @@ def _staged_copy_fake(src, device):
 
 @torch.library.register_fake("pyxfer::sm_copy")
 def _sm_copy_fake(src, dst, pull=True):
+    # Also sm_copy's Meta kernel, which real meta tensors reach: refuse them, as every entry point does
+    # (FakeTensors report the device they stand for, never meta).
+    check_tensor("torch.ops.pyxfer.sm_copy", "src", src)
+    check_tensor("torch.ops.pyxfer.sm_copy", "dst", dst)
     return None
 
 

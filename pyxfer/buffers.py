@@ -6,7 +6,7 @@ A :class:`SubviewSpec` says how to rebuild one typed view of a 1-D uint8 buffer:
 
 where ``nbytes`` (:attr:`SubviewSpec.nbytes`) is the number of bytes the view spans. Shape and stride are in
 elements of the view's own dtype and ``byte_offset`` is relative to the buffer's first byte -- never an absolute
-storage offset. That is what Transformer Engine's offload got wrong (specs/quantized-formats.md
+storage offset. That is what Transformer Engine's offload got wrong (docs/specs/quantized-formats.md
 §7.3/§7.4): rebuilding with ``buffer.as_strided(shape, stride, offset)`` drops the dtype (fp32
 scales come back as uint8) and shifts views whose base had a storage offset.
 """

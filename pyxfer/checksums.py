@@ -1,4 +1,4 @@
-"""PXH64 checksums of tensors (shared/specs/checksum.md): Python wrappers of torch.ops.pyxfer.checksum."""
+"""PXH64 checksums of tensors (docs/specs/pxh64.md): Python wrappers of torch.ops.pyxfer.checksum."""
 import torch
 
 from ._checks import check_seed, check_tensor
@@ -28,7 +28,7 @@ def checksum_tensor(t: torch.Tensor, seed: int = 0) -> torch.Tensor:
 
 
 def checksum(t: torch.Tensor, seed: int = 0) -> int:
-    """PXH64 of ``t`` (see shared spec checksum.md) as an unsigned Python int in [0, 2**64).
+    """PXH64 of ``t`` (docs/specs/pxh64.md) as an unsigned Python int in [0, 2**64).
 
     Same inputs and errors as :func:`checksum_tensor`; waits for the value (one host sync).
     """

@@ -1,4 +1,4 @@
-"""Quantized tensor formats with Transformer Engine's storage layouts (shared/specs/quantized-formats.md).
+"""Quantized tensor formats with Transformer Engine's storage layouts (docs/specs/quantized-formats.md).
 
 Formats (``FORMATS``):
 

@@ -9,7 +9,7 @@ import collections.abc
 import torch
 
 from ._checks import check_bool
-from ._devices import as_device
+from ._devices import parse_device
 from .transfer import ROUTES, VERIFY_MODES, verified_copy
 
 __all__ = ["verified_send", "sender"]
@@ -42,21 +42,18 @@ _CPU_CUDA = ("cpu", "cuda")
 
 def _target(device):
     """The torch.device that ``Tensor.to(device)`` moves to, when it is a CPU or CUDA device (else
-    None: such moves are left to ``.to``). An int is a CUDA index, as in accelerate's hooks."""
-    if isinstance(device, torch.device):
-        d = device
-    elif isinstance(device, int) and not isinstance(device, bool):
-        d = torch.device("cuda", device)
-    elif isinstance(device, str):
+    None: such moves are left to ``.to``). An int is a CUDA index, as in accelerate's hooks; 'cuda'
+    is the current device (what Tensor.to("cuda") means); a CUDA device that does not exist is
+    pyxfer's ValueError (pyxfer._devices.parse_device)."""
+    if isinstance(device, str):
         try:
-            d = torch.device(device)
+            torch.device(device)
         except RuntimeError:
-            return None
-    else:
-        return None
-    if d.type == "cuda":  # 'cuda' is the current device (what Tensor.to("cuda") means); a missing one is a ValueError
-        d = as_device("pyxfer.nested.verified_send", "device", d)
-    return d if d.type in ("cpu", "cuda") else None
+            return None  # not a device string: .to decides what it means
+    elif isinstance(device, bool) or not isinstance(device, (torch.device, int)):
+        return None  # a dtype, None: passed on to .to
+    d = parse_device("pyxfer.nested.verified_send", "device", device)
+    return d if d.type in _CPU_CUDA else None
 
 
 def _dense_order(t: torch.Tensor):

@@ -5,6 +5,12 @@ GPU): "zeros" (a dropped write: the destination reads back as zeros), "bitflip" 
 "stale" (nothing arrives; the destination keeps what it held), "truncate" (the last eighth is
 missing), "shift" (the data lands a few bytes off).
 
+One more kind tests the verification itself rather than the link: "skip_kernel" (KERNEL_FAULT_KINDS;
+path "direct" only) makes the next direct GPU copy leave out the kernel that hashes its destination
+(for a GPU-local copy, the one kernel that copies and hashes both ends; for a copy between GPUs, the
+destination's kernels): a kernel that did not run must be caught (sync: repaired staged or raised;
+deferred: reported by check_transfers()), never read as a match. Other copies are not hit by it.
+
 On the "gather" path (pyxfer.all_gather) ``src`` and ``dst`` are group ranks: the fault writes into
 the bytes received from rank ``src`` on rank ``dst``, after the collective and before verification
 (in Python, with tensor ops on the receive buffer's device). "stale" there leaves the pattern 0xA5
@@ -23,8 +29,9 @@ copies of that pair (pyxfer.health). Deferred mismatches are reported by check_t
 thread that made the copy (for a copy captured in a CUDA graph: the thread that captured it).
 
 The environment variable PYXFER_INJECT_FAULT installs one process-wide fault when pyxfer is
-imported, e.g. ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times;
-path defaults to direct, src/dst to any device, times to 1; ``path=gather,src=1`` names ranks).
+imported, e.g. ``PYXFER_INJECT_FAULT="bitflip,dst=cuda:1,times=3"`` (keys: path, src, dst, times,
+each at most once; path defaults to direct, src/dst to any device, times to 1; ``path=gather,src=1``
+names ranks). A malformed value warns and installs nothing.
 """
 import contextlib
 import os
@@ -37,9 +44,10 @@ import torch
 from ._checks import check_seed
 from ._devices import device_code
 
-__all__ = ["FAULT_KINDS", "inject_fault", "InjectedFault"]
+__all__ = ["FAULT_KINDS", "KERNEL_FAULT_KINDS", "inject_fault", "InjectedFault"]
 
 FAULT_KINDS = ("zeros", "bitflip", "stale", "truncate", "shift")
+KERNEL_FAULT_KINDS = ("skip_kernel",)  # faults of the verification's own kernels (GPU direct copies)
 PATHS = ("direct", "staged", "gather")
 
 
@@ -65,10 +73,13 @@ def _push(kind, src, dst, path, times, seed, buffer=None, process_wide=False) ->
     op = "pyxfer.testing.inject_fault"
     if not isinstance(process_wide, bool):
         raise ValueError(f"{op}: process_wide must be True or False, got {process_wide!r}")
-    if kind not in FAULT_KINDS:
-        raise ValueError(f"{op}: kind must be one of {FAULT_KINDS}, got {kind!r}")
+    if kind not in FAULT_KINDS + KERNEL_FAULT_KINDS:
+        raise ValueError(f"{op}: kind must be one of {FAULT_KINDS + KERNEL_FAULT_KINDS}, got {kind!r}")
     if path not in PATHS:
         raise ValueError(f"{op}: path must be one of {PATHS}, got {path!r}")
+    if kind in KERNEL_FAULT_KINDS and path != "direct":
+        raise ValueError(f"{op}: kind {kind!r} needs path='direct' (it skips a kernel of direct GPU copies), "
+                         f"got path={path!r}")
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"{op}: times must be an int >= 1, got {times!r}")
     if buffer is not None and path != "gather":
@@ -87,6 +98,8 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
     """Within the block, the next ``times`` copies from ``src`` to ``dst`` (None: any device) along
     ``path`` ("direct" or "staged") made by this thread write wrong bytes of ``kind`` (see
     FAULT_KINDS) into the destination; with ``process_wide=True``, copies made by any thread.
+    ``kind="skip_kernel"`` (path "direct"): the next ``times`` direct GPU copies leave out the kernel
+    that hashes their destination (see the module docstring); no other copy is hit or counted.
     Zero-byte copies are not hit. A copy captured in a CUDA graph while the fault is armed carries
     it into every replay. Yields an InjectedFault; removed on exit.
 
@@ -97,9 +110,9 @@ def inject_fault(kind: str, *, src=None, dst=None, path: str = "direct", times: 
     "columnwise_scale_inv", ...; None: the first non-empty one). A rank's own shard is a local
     copy, never hit; calls with no matching non-empty buffer are not counted.
 
-    Raises ValueError for an unknown kind, path or device, a negative rank, times < 1, or a
-    process_wide that is not a bool; TypeError / ValueError for a seed that is not an int in
-    [0, 2**64)."""
+    Raises ValueError for an unknown kind, path or device, a kernel fault on a path other than
+    "direct", a negative rank, times < 1, or a process_wide that is not a bool; TypeError /
+    ValueError for a seed that is not an int in [0, 2**64)."""
     fault = _push(kind, src, dst, path, times, seed, buffer, process_wide)
     try:
         yield fault
@@ -112,7 +125,8 @@ ENV_FORM = "kind[,path=P][,src=D][,dst=D][,times=N]"  # the form PYXFER_INJECT_F
 
 def parse_env_fault(spec: str) -> dict:
     """The fault a PYXFER_INJECT_FAULT value names, as inject_fault's arguments {kind, path, src, dst,
-    times}. Raises ValueError naming the variable, the expected form and the value."""
+    times}. Raises ValueError naming the variable, the expected form and the value (an unknown kind
+    or key, a key given twice, a times that is not an integer >= 1)."""
     def bad(why):
         return ValueError(f"PYXFER_INJECT_FAULT: {why}; expected {ENV_FORM} with kind one of {FAULT_KINDS} "
                           f"(e.g. 'bitflip,dst=cuda:1,times=3'), got {spec!r}")
@@ -122,10 +136,14 @@ def parse_env_fault(spec: str) -> dict:
     if kind not in FAULT_KINDS:
         raise bad(f"unknown fault kind {kind!r}")
     fault = {"kind": kind, "path": "direct", "src": None, "dst": None, "times": 1}
+    given = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("path", "src", "dst", "times"):
             raise bad(f"{item!r} is not one of path=, src=, dst=, times=")
+        if key in given:  # which one was meant is a guess: refuse rather than let the last one win
+            raise bad(f"{key}= is given twice ({given[key]!r}, {item!r})")
+        given[key] = item
         if key == "times" or (key in ("src", "dst") and value.isdigit()):
             if not value.isdigit() or (key == "times" and int(value) < 1):
                 raise bad(f"times must be an integer >= 1, got {value!r}")

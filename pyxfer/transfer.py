@@ -1,12 +1,19 @@
 """Verified copies between devices: hash on the source, copy, hash on the destination, compare;
-on a mismatch, repair through the staged path or raise TransferError. See DESIGN.md
-"Transfer semantics"; the protocol runs natively (torch.ops.pyxfer.verified_copy)."""
+on a mismatch, repair through the staged path or raise TransferError. See docs/transfers.md; the
+protocol runs natively (torch.ops.pyxfer.verified_copy).
+
+Host work -- hashing what lands in host memory as each chunk arrives, hashing a CPU source beside its
+copy, the host legs of staged copies, CPU checksums -- runs on one pool of threads per process, made at
+its first use: $PYXFER_HOST_HASH_THREADS workers (0..256; default min(CPU threads / 2, 16); 0: the
+calling threads do it all) and PXH64 in $PYXFER_HOST_HASH_ISA (auto, scalar, avx2 or avx512; default
+auto: the best this CPU runs; every one gives the same bits), both read once. torch.ops.pyxfer.
+host_hash_info() tells what is in use."""
 import os
 
 import torch
 
 from . import health
-from ._checks import check_int, check_tensor
+from ._checks import check_bool, check_int, check_tensor
 from ._devices import ANY_CODE as _ANY_CODE
 from ._devices import as_device, device_name
 
@@ -67,7 +74,8 @@ def default_route() -> str:
     return _default_route
 
 
-def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync") -> torch.Tensor:
+def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync",
+                  pin_memory: bool = True) -> torch.Tensor:
     """Copy ``src`` to ``device`` and prove the copy is bit-exact.
 
     Returns a contiguous tensor on ``device`` with src's dtype, shape and bits, ready for work queued
@@ -79,6 +87,13 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
     ``verify``: "sync" (wait for both checksums; on a mismatch mark the pair corrupt, copy again
     staged and verify again), "deferred" (no host wait: the comparison runs on the device and a
     mismatch is raised by this thread's check_transfers(); capturable in a CUDA graph), "none".
+    A CPU destination is compared on the host, so there "deferred" is synchronous like "sync" (the
+    copy is hashed as it lands and a mismatch is latched for check_transfers() instead of repaired).
+    ``pin_memory`` (a bool): the CPU result of a copy from a GPU is page-locked memory from torch's
+    caching host allocator, as ``t.to("cpu", non_blocking=True)`` returns (fast: the GPU writes it
+    directly; it is freed back to that cache); False returns pageable memory (staged through pyxfer's
+    pinned pool, at a fraction of the speed). Ignored for every other pair (a CPU -> CPU result is
+    pageable, a GPU result is GPU memory).
     In CUDA graph capture, refused with a RuntimeError: verify="sync", the staged route (also when
     "auto" resolves to it), a CPU destination, verify="deferred" from a CPU source, a CPU source
     that is not contiguous and pinned, a non-contiguous source on a device that is not capturing.
@@ -86,10 +101,12 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
 
     Raises TransferError (a RuntimeError) when the data arrived wrong on both paths (nothing is
     returned); TypeError/ValueError/RuntimeError with the argument named for bad input (sparse,
-    nested or meta tensors, unknown devices or routes), before anything is allocated.
+    nested or meta tensors, unknown devices or routes, a pin_memory that is not a bool), before
+    anything is allocated.
     """
     op = "pyxfer.verified_copy"
     check_tensor(op, "src", src)
+    check_bool(op, "pin_memory", pin_memory)
     route = default_route() if route is None else route
     if route not in ROUTES:
         raise ValueError(f"{op}: route must be one of {ROUTES}, got {route!r}")
@@ -97,7 +114,7 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
         raise ValueError(f"{op}: verify must be one of {VERIFY_MODES}, got {verify!r}")
     device = as_device(op, "device", device)
     try:
-        return _verified_copy_op(src, device, route, verify)
+        return _verified_copy_op(src, device, route, verify, pin_memory)
     except RuntimeError as e:
         if _NATIVE_PREFIX in str(e):
             raise _sync_error(str(e)) from None
@@ -107,7 +124,8 @@ def verified_copy(src: torch.Tensor, device, *, route=None, verify: str = "sync"
 def staged_copy(src: torch.Tensor, device) -> torch.Tensor:
     """Unverified copy of ``src`` to ``device`` through the bounded, reused pool of pinned host
     buffers, chunk k+1 leaving the source while chunk k arrives. Same result and stream semantics
-    as verified_copy; differentiable like it (the gradient goes back to src's device, staged);
+    as verified_copy (a CPU result of a GPU source is pinned memory, as with its default
+    pin_memory=True); differentiable like it (the gradient goes back to src's device, staged);
     raises for bad input like it, and RuntimeError during CUDA graph capture."""
     op = "pyxfer.staged_copy"
     check_tensor(op, "src", src)

@@ -1,11 +1,17 @@
+"""Markers (gpu, multigpu: skipped with the reason where the GPUs are missing) and the fixtures
+tests of several subjects share. Helpers that tests import live in the support package."""
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
-import torch
-import torch.distributed as dist
+
+# before support is imported: its helpers' asserts explain their failures like the tests' own
+pytest.register_assert_rewrite("support")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from support.simulated_cuda import SimulatedCuda  # noqa: E402
 
 
 def _num_gpus():
@@ -30,12 +36,6 @@ def gen():
     return torch.Generator().manual_seed(seed)
 
 
-def run_python(code: str, env=None, timeout=600):
-    """Run code in a fresh interpreter (for anything that may leave a sticky CUDA error)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def world_of_one():
     """A gloo process group of one process (this one), unless a group already exists."""
@@ -46,3 +46,32 @@ def world_of_one():
         yield
         if created:
             dist.destroy_process_group()
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Four simulated CUDA devices (support.simulated_cuda), for device-guard logic without GPUs."""
+    from pyxfer import _devices
+    sim = SimulatedCuda()
+    monkeypatch.setattr(_devices, "_num_cuda_devices", sim.count)
+    monkeypatch.setattr(torch.cuda, "current_device", sim.current)
+    monkeypatch.setattr(torch.cuda, "_exchange_device", sim.exchange)
+    monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", sim.maybe_exchange)
+    return sim
+
+
+@pytest.fixture
+def clean_transfers():
+    """cuda:0 current (where CUDA is) and every pair's health unknown before a test; after it, the
+    GPUs' work finished, no latched deferred mismatch left behind (check_transfers raises it) and
+    health, current device reset."""
+    import pyxfer
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+    pyxfer.health.reset()
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.set_device(0)
+    pyxfer.check_transfers()  # no test may leave a latched mismatch behind
+    pyxfer.health.reset()

@@ -1,39 +1,19 @@
-// PXH64 on the CPU: the reference implementation, split over threads for large inputs.
+// PXH64 on the CPU: the reference definition (pyxfer/pxh64.h) in SIMD (cpu/pxh64_host.h), split over the
+// host hashing pool for large inputs.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cstring>
-
 #include "checks.h"
-#include "cpu/parallel.h"
+#include "cpu/host_pool.h"
 #include "pyxfer/pxh64.h"
 
 namespace pyxfer {
 namespace {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "PXH64 words are read as little-endian");
-
-constexpr int64_t kMinWordsPerThread = int64_t(1) << 19;  // 4 MiB: below that a thread costs more than it saves
-
-// Unfinalized sum of the words of data[0, num_bytes), keyed from absolute word `word_offset`.
+// Unfinalized sum of the words of data[0, num_bytes), keyed from absolute word `word_offset`: SIMD, split over
+// the host hashing pool for large inputs (cpu/host_pool.h).
 uint64_t partial_sum(const uint8_t* data, uint64_t num_bytes, uint64_t word_offset, uint64_t seed) {
-  const int64_t full_words = static_cast<int64_t>(num_bytes / pxh64::kWordBytes);
-  uint64_t sum = parallel_sum(full_words, kMinWordsPerThread, [&](int64_t begin, int64_t end) {
-    uint64_t s = 0, key = pxh64::key(seed, word_offset + begin);
-    for (int64_t j = begin; j < end; ++j, key += pxh64::kK) {
-      uint64_t w;
-      std::memcpy(&w, data + j * pxh64::kWordBytes, sizeof(w));  // any alignment
-      s += pxh64::term(w, key);
-    }
-    return s;
-  });
-  const uint64_t tail_bytes = num_bytes % pxh64::kWordBytes;
-  if (tail_bytes != 0) {
-    const uint64_t w = pxh64::load_partial_word(data + full_words * pxh64::kWordBytes, tail_bytes);
-    sum += pxh64::term(w, pxh64::key(seed, word_offset + full_words));
-  }
-  return sum;
+  return host_pxh64_sum(data, int64_t(num_bytes), word_offset, seed);
 }
 
 at::Tensor scalar_u64(uint64_t value) {

@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
+#include <utility>
+
 namespace pyxfer {
 
 StagingPool::Slot StagingPool::acquire() {
@@ -24,13 +26,14 @@ StagingPool::Slot StagingPool::acquire() {
   cudaEvent_t prior = slots_[i].last_reader;
   slots_[i].last_reader = nullptr;
   ++num_held_;
-  return {base_ + i * config_.chunk_bytes, config_.chunk_bytes, i, prior};
+  return {base_ + i * config_.chunk_bytes, config_.chunk_bytes, i, prior, std::move(slots_[i].host_reader)};
 }
 
-void StagingPool::release(int64_t index, cudaEvent_t last_reader) {
+void StagingPool::release(int64_t index, cudaEvent_t last_reader, HostTasksIdle host_reader) {
   std::lock_guard<std::mutex> lock(mutex_);
   slots_[index].held = false;
   slots_[index].last_reader = last_reader;
+  slots_[index].host_reader = std::move(host_reader);
   --num_held_;
   idle_.notify_all();
 }
@@ -47,6 +50,7 @@ void StagingPool::maybe_reallocate() {
                                              want.num_slots == config_.num_slots)))
     return;
   for (SlotState& s : slots_) {
+    s.host_reader.wait();  // NOTE: host tasks never take this lock: no deadlock
     if (s.last_reader != nullptr) {
       C10_CUDA_CHECK(cudaEventSynchronize(s.last_reader));
       C10_CUDA_CHECK(cudaEventDestroy(s.last_reader));

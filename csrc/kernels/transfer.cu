@@ -1,22 +1,18 @@
-// Small kernels of the verified-transfer protocol: the deferred mismatch latch and the byte flips used
-// by fault injection; and the plain SM copy that `pyxfer bench` times (pull and push).
+// Small kernels of the verified-transfer protocol: the deferred mismatch latch and checker, and the byte
+// flips used by fault injection; and the plain SM copy that `pyxfer bench` times (pull and push).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "pyxfer/launch.h"
 #include "pyxfer/resident_blocks.h"
+#include "pyxfer/verify_words.h"
 
 namespace pyxfer {
 namespace {
 
-__global__ void latch_mismatch_kernel(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
-                                      TransferLatch* latch, int64_t src_device, int64_t dst_device,
-                                      int64_t num_bytes) {
-  // NOTE: uncached loads: the hashes may sit in mapped host memory written by another device.
-  const uint64_t expected = src_hash != nullptr ? __ldcv(reinterpret_cast<const unsigned long long*>(src_hash))
-                                                : src_hash_value;
-  const uint64_t got = __ldcv(reinterpret_cast<const unsigned long long*>(dst_hash));
-  if (expected == got) return;
+// Counts a mismatch in *latch and records its details (one thread).
+__device__ void latch_record(TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
+                             uint64_t src_hash, uint64_t dst_hash) {
   const unsigned long long i = atomicAdd(&latch->count, 1ull);
   TransferLatchRecord* r = &latch->records[i % kLatchRecords];
   atomicExch(&r->seq, 0ull);  // incomplete while the fields change (a reader skips it)
@@ -25,10 +21,38 @@ __global__ void latch_mismatch_kernel(const uint64_t* src_hash, uint64_t src_has
   v->src_device = src_device;
   v->dst_device = dst_device;
   v->num_bytes = num_bytes;
-  v->src_hash = expected;
-  v->dst_hash = got;
+  v->src_hash = src_hash;
+  v->dst_hash = dst_hash;
   __threadfence();
   atomicExch(&r->seq, i + 1);
+}
+
+__global__ void latch_mismatch_kernel(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
+                                      TransferLatch* latch, int64_t src_device, int64_t dst_device,
+                                      int64_t num_bytes) {
+  // NOTE: uncached loads: the hashes may sit in mapped host memory written by another device.
+  const uint64_t expected = src_hash != nullptr ? __ldcv(reinterpret_cast<const unsigned long long*>(src_hash))
+                                                : src_hash_value;
+  const uint64_t got = __ldcv(reinterpret_cast<const unsigned long long*>(dst_hash));
+  if (expected != got) latch_record(latch, src_device, dst_device, num_bytes, expected, got);
+}
+
+// The deferred checker of a guarded verification (pyxfer/verify_words.h): judge the words, latch a
+// mismatch, then prefill them again, consuming this call's tokens (a kernel of the next call, or of
+// the next replay, that does not run leaves the prefill, which fails the check).
+__global__ void check_verify_kernel(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
+                                    TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes) {
+  // NOTE: uncached loads: mapped host memory written by kernels on both devices.
+  const auto load = [](const uint64_t* p) { return uint64_t(__ldcv(reinterpret_cast<const unsigned long long*>(p))); };
+  VerifyWords w;
+  w.src = load(&words->src);
+  w.dst = load(&words->dst);
+  w.src_token = load(&words->src_token);
+  w.dst_token = load(&words->dst_token);
+  const verify::Verdict v = verify::judge(w, seq, src_canary, dst_canary);
+  if (!v.ok) latch_record(latch, src_device, dst_device, num_bytes, v.src_hash, v.dst_hash);
+  verify::prefill(words);
+  __threadfence_system();
 }
 
 __global__ void flip_if_equal_kernel(const uint64_t* a, uint64_t a_value, const uint64_t* b, uint8_t* byte) {
@@ -68,6 +92,14 @@ cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_va
                                   cudaStream_t stream) {
   latch_mismatch_kernel<<<1, 1, 0, stream>>>(src_hash, src_hash_value, dst_hash, latch, src_device, dst_device,
                                              num_bytes);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_check_verify(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
+                                TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
+                                cudaStream_t stream) {
+  check_verify_kernel<<<1, 1, 0, stream>>>(words, seq, src_canary, dst_canary, latch, src_device, dst_device,
+                                           num_bytes);
   return cudaGetLastError();
 }
 

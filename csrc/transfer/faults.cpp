@@ -16,7 +16,7 @@
 namespace pyxfer {
 namespace {
 
-enum class FaultKind { kNone, kZeros, kBitflip, kStale, kTruncate, kShift };
+enum class FaultKind { kNone, kZeros, kBitflip, kStale, kTruncate, kShift, kSkipKernel };
 
 struct FaultEntry {
   int64_t id;
@@ -39,8 +39,9 @@ FaultKind parse_fault_kind(c10::string_view kind) {
   if (kind == "stale") return FaultKind::kStale;
   if (kind == "truncate") return FaultKind::kTruncate;
   if (kind == "shift") return FaultKind::kShift;
+  if (kind == "skip_kernel") return FaultKind::kSkipKernel;
   TORCH_CHECK(false, "pyxfer.testing.inject_fault: kind must be one of 'zeros', 'bitflip', 'stale', 'truncate', "
-              "'shift', got '", std::string(kind), "'");
+              "'shift', 'skip_kernel', got '", std::string(kind), "'");
 }
 
 int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::string_view path, int64_t times,
@@ -50,6 +51,8 @@ int64_t fault_push_op(c10::string_view kind, int64_t src, int64_t dst, c10::stri
   TORCH_CHECK(path == "direct" || path == "staged", op, ": path must be 'direct' or 'staged', got '",
               std::string(path), "'");
   TORCH_CHECK(times >= 1, op, ": times must be >= 1, got ", times);
+  TORCH_CHECK(k != FaultKind::kSkipKernel || path == "direct", op, ": kind 'skip_kernel' needs path='direct' (the "
+              "kernels it skips are those of direct GPU copies), got path='", std::string(path), "'");
   std::lock_guard<std::mutex> lock(fault_mutex);
   faults.push_back({next_fault_id, k, src, dst, path == "direct" ? Route::kDirect : Route::kStaged, times,
                     std::mt19937_64(uint64_t(seed)), process_wide, std::this_thread::get_id()});
@@ -70,7 +73,24 @@ int64_t fault_pop_op(int64_t id) {
   return 0;
 }
 
+bool hits(const FaultEntry& f, int64_t src, int64_t dst, Route route, std::thread::id me) {
+  return f.remaining > 0 && f.path == route && (f.src == kAnyDevice || f.src == src) &&
+         (f.dst == kAnyDevice || f.dst == dst) && (f.process_wide || f.owner == me);
+}
+
 }  // namespace
+
+bool take_skip_kernel(int64_t src, int64_t dst) {
+  if (num_faults.load(std::memory_order_acquire) == 0) return false;
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lock(fault_mutex);
+  for (FaultEntry& f : faults) {
+    if (f.kind != FaultKind::kSkipKernel || !hits(f, src, dst, Route::kDirect, me)) continue;
+    --f.remaining;
+    return true;
+  }
+  return false;
+}
 
 CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
   CopyPlan plan{num_bytes, 0, 0, num_bytes, false, -1, 0};
@@ -79,9 +99,7 @@ CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
   const std::thread::id me = std::this_thread::get_id();
   std::lock_guard<std::mutex> lock(fault_mutex);
   for (FaultEntry& f : faults) {
-    if (f.remaining <= 0 || f.path != route || (f.src != kAnyDevice && f.src != src) ||
-        (f.dst != kAnyDevice && f.dst != dst) || (!f.process_wide && f.owner != me))
-      continue;
+    if (f.kind == FaultKind::kSkipKernel || !hits(f, src, dst, route, me)) continue;
     --f.remaining;
     const int64_t shift = num_bytes > 4 ? 4 : 1;  // "lands a few bytes off"
     switch (f.kind) {
@@ -95,7 +113,8 @@ CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes) {
       case FaultKind::kStale: plan.length = 0; break;  // nothing arrives: the old bytes stay
       case FaultKind::kTruncate: plan.length = num_bytes - std::max<int64_t>(1, num_bytes / 8); break;
       case FaultKind::kShift: plan.dst_offset = shift; plan.length = num_bytes - shift; break;
-      case FaultKind::kNone: break;
+      case FaultKind::kNone:
+      case FaultKind::kSkipKernel: break;
     }
     // Where the kind's bytes equal the source's, the copy must still be wrong somewhere: in the
     // part the fault kept from before (truncate: the missing tail; shift: the head it skipped).

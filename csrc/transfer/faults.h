@@ -12,4 +12,9 @@ namespace pyxfer {
 // kStaged), with a pending fault applied (and counted as used).
 CopyPlan plan_copy(int64_t src, int64_t dst, Route route, int64_t num_bytes);
 
+// Whether a pending "skip_kernel" fault hits this direct copy from src to dst (counted as used if so):
+// then the copy does not launch the kernel that publishes its destination hash (a test of the guards
+// that catch a kernel that did not run). Asked only by paths that have such a kernel (GPU copies).
+bool take_skip_kernel(int64_t src, int64_t dst);
+
 }  // namespace pyxfer

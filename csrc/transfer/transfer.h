@@ -67,6 +67,19 @@ void for_each_range(const CopyPlan& plan, const NextEnd& next_end, const Fn& fn)
   }
 }
 
+// The part of chunk `c` inside destination bytes [begin, end), a range inside [c.begin, c.end).
+inline PlanChunk narrow_chunk(const PlanChunk& c, int64_t begin, int64_t end) {
+  PlanChunk r{begin, end, 0, 0, 0, c.zero_fill, -1};
+  const int64_t lo = std::max(begin, c.copy_dst), hi = std::min(end, c.copy_dst + c.copy_length);
+  if (c.copy_length > 0 && lo < hi) {
+    r.copy_src = c.copy_src + (lo - c.copy_dst);
+    r.copy_dst = lo;
+    r.copy_length = hi - lo;
+  }
+  if (c.flip_byte >= begin && c.flip_byte < end) r.flip_byte = c.flip_byte;
+  return r;
+}
+
 // Chunks of a fixed size (a multiple of 8).
 template <typename Fn>
 void for_each_chunk(const CopyPlan& plan, int64_t chunk_bytes, const Fn& fn) {
@@ -90,8 +103,9 @@ class TransferPath {
   // contiguous copy would be made once. The protocol checks the route and verify='sync' itself.
   virtual void check_capturable(const char* op, const at::Tensor& src, Verify verify) const = 0;
   // The destination tensor (contiguous), allocated so that every later step is ordered after it, and
-  // whatever `verify` needs beside it.
-  virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify) = 0;
+  // whatever `verify` needs beside it. pin_memory: a CPU destination of a copy from a GPU is page-locked
+  // (torch's caching host allocator) rather than pageable; paths without such a pair ignore it.
+  virtual at::Tensor make_dst(at::IntArrayRef sizes, at::ScalarType dtype, Verify verify, bool pin_memory) = 0;
   // Execute `plan` (src/dst contiguous, same number of bytes) along `route`; unless verify is kNone,
   // also hash (PXH64, seed 0) the source on its device and the destination on its device after the
   // data landed. Afterwards, work on the destination device's current stream sees the copied bytes.
@@ -109,6 +123,14 @@ uint64_t cpu_hash(const at::Tensor& t);
 
 struct TransferErrors;  // transfer/errors.h
 
+// The first attempt of a verified copy made without a TransferPath (PathFamily::fast_attempt).
+struct FastAttempt {
+  at::Tensor dst;
+  at::Device dst_device{at::kCPU};  // resolved
+  bool ok = true;
+  uint64_t src_hash = 0, dst_hash = 0;  // kSync: both hashes (also when they differ)
+};
+
 // A family of paths: which device pairs it serves and how to make a path for one of them.
 struct PathFamily {
   bool (*serves)(at::DeviceType src, at::DeviceType dst);
@@ -118,6 +140,12 @@ struct PathFamily {
   // last call, after waiting for the devices that ran them (and its captured graphs' devices); null
   // where they all go to the host latch (latch_host_error).
   TransferErrors (*take_errors)();
+  // Optional: the first attempt of verified_copy(src, device, requested, verify) on the direct route
+  // with no per-call heap objects (the latency path of small copies), for the cases the family serves
+  // that way; false -- having done nothing (no fault consumed, nothing queued) -- for every other case
+  // (any it is not sure of, bad input included), which then takes the general path.
+  bool (*fast_attempt)(const at::Tensor& src, at::Device device, Route requested, Verify verify,
+                       FastAttempt* out) = nullptr;
 };
 // Called once per family from a static initializer of the file that implements it (returns true).
 // Registration happens while the library loads, before any op runs: readers take no lock.

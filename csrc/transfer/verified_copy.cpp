@@ -1,4 +1,4 @@
-// The verified-transfer protocol (DESIGN.md "Transfer semantics"), written once for every pair of
+// The verified-transfer protocol (docs/design.md "Transfer semantics"), written once for every pair of
 // devices: hash the source on its device, copy, hash the destination on its device after the data
 // landed, compare. On a mismatch mark the pair corrupt, copy again staged and verify again; if that
 // fails too raise pyxfer.TransferError. What a CUDA graph cannot repeat is refused during capture.
@@ -72,21 +72,61 @@ struct Attempt {
   uint64_t src_hash = 0, dst_hash = 0;
 };
 
-Attempt attempt(TransferPath& path, const at::Tensor& src, Route route, Verify verify) {
+Attempt attempt(TransferPath& path, const at::Tensor& src, Route route, Verify verify, bool pin_memory) {
   const int64_t src_code = device_code(src.device()), dst_code = device_code(path.dst_device());
   Attempt a;
-  a.dst = path.make_dst(src.sizes(), src.scalar_type(), verify);
+  a.dst = path.make_dst(src.sizes(), src.scalar_type(), verify, pin_memory);
   const CopyPlan plan = plan_copy(src_code, dst_code, route, int64_t(src.nbytes()));
   path.copy(a.dst, src, route, plan);
   if (verify != Verify::kNone) a.ok = path.compare(&a.src_hash, &a.dst_hash);
   return a;
 }
 
+// After the first attempt (on `route`, made by a path or a family's fast attempt): a match returns it;
+// a mismatch marks the pair corrupt and copies again staged, verified, or raises.
+at::Tensor conclude(const at::Tensor& s, at::Device dst_device, Route route, Verify verify, bool pin_memory,
+                    Attempt first) {
+  const int64_t src_code = device_code(s.device()), dst_code = device_code(dst_device);
+  if (first.ok) {
+    if (verify == Verify::kSync && route == Route::kDirect && health_get(src_code, dst_code) == kUnknown)
+      health_set(src_code, dst_code, kHealthy);
+    return first.dst;
+  }
+  // NOTE: only the sync mode gets here; nothing unverified is returned.
+  health_set(src_code, dst_code, kCorrupt);
+  first.dst = at::Tensor();
+  std::unique_ptr<TransferPath> path = make_path(kOp, s, dst_device);
+  const Attempt second = attempt(*path, s, Route::kStaged, Verify::kSync, pin_memory);
+  if (second.ok) return second.dst;
+  TransferErrorRecord failure;
+  failure.count = 1;
+  failure.src = src_code;
+  failure.dst = dst_code;
+  failure.num_bytes = int64_t(s.nbytes());
+  failure.src_hash = first.src_hash;
+  failure.dst_hash = first.dst_hash;
+  failure.route = route;
+  failure.attempt = 2;
+  failure.retry_dst_hash = second.dst_hash;
+  raise_transfer_error(failure);
+}
+
 at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::string_view route_name,
-                              c10::string_view verify_name) {
+                              c10::string_view verify_name, bool pin_memory) {
   check_dense(kOp, "src", src);
   const Route requested = parse_route(kOp, route_name);
   const Verify verify = parse_verify(verify_name);
+  for (const PathFamily& f : families()) {  // the latency path, where a family has one for this copy
+    FastAttempt fast;
+    if (f.fast_attempt != nullptr && f.fast_attempt(src, device, requested, verify, &fast)) {
+      Attempt first;
+      first.dst = std::move(fast.dst);
+      first.ok = fast.ok;
+      first.src_hash = fast.src_hash;
+      first.dst_hash = fast.dst_hash;
+      return conclude(src, fast.dst_device, Route::kDirect, verify, pin_memory, std::move(first));
+    }
+  }
   // Validates before any allocation, answers the routing questions, then runs the first attempt.
   std::unique_ptr<TransferPath> path = make_path(kOp, src, device);
   const at::Device dst_device = path->dst_device();
@@ -110,31 +150,11 @@ at::Tensor verified_copy_impl(const at::Tensor& src, at::Device device, c10::str
   }
 
   // NOTE: no resolve_conj() / resolve_neg(): the dispatcher's Conjugate and Negative fallbacks
-  // materialize lazily conjugated / negated views before this op runs (tests/test_transfer_defects.py).
+  // materialize lazily conjugated / negated views before this op runs (tests/transfer/test_transfer.py).
   const at::Tensor s = src.contiguous();  // the result is contiguous; hash and copy the same bytes
-  Attempt first = attempt(*path, s, route, verify);
-  if (first.ok) {
-    if (verify == Verify::kSync && route == Route::kDirect && health_get(src_code, dst_code) == kUnknown)
-      health_set(src_code, dst_code, kHealthy);
-    return first.dst;
-  }
-  // NOTE: only the sync mode gets here; nothing unverified is returned.
-  health_set(src_code, dst_code, kCorrupt);
-  first.dst = at::Tensor();
-  path = make_path(kOp, s, dst_device);
-  const Attempt second = attempt(*path, s, Route::kStaged, Verify::kSync);
-  if (second.ok) return second.dst;
-  TransferErrorRecord failure;
-  failure.count = 1;
-  failure.src = src_code;
-  failure.dst = dst_code;
-  failure.num_bytes = int64_t(s.nbytes());
-  failure.src_hash = first.src_hash;
-  failure.dst_hash = first.dst_hash;
-  failure.route = route;
-  failure.attempt = 2;
-  failure.retry_dst_hash = second.dst_hash;
-  raise_transfer_error(failure);
+  Attempt first = attempt(*path, s, route, verify, pin_memory);
+  path.reset();  // a repair makes a fresh one
+  return conclude(s, dst_device, route, verify, pin_memory, std::move(first));
 }
 
 at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
@@ -142,7 +162,7 @@ at::Tensor staged_copy_impl(const at::Tensor& src, at::Device device) {
   check_dense(op, "src", src);
   std::unique_ptr<TransferPath> path = make_path(op, src, device);  // validates before any allocation
   TORCH_CHECK(!path->capturing(), op, ": the staged route ", kStagedNotCapturable);
-  return attempt(*path, src.contiguous(), Route::kStaged, Verify::kNone).dst;
+  return attempt(*path, src.contiguous(), Route::kStaged, Verify::kNone, /*pin_memory=*/true).dst;
 }
 
 // The op through the dispatcher (from below autograd, or for a backward).
@@ -177,43 +197,45 @@ at::Tensor staged_copy_autograd(const at::Tensor& src, at::Device device) {
 }
 
 // Autograd in C++ (not torch.library.register_autograd): no Python on the path of every copy.
-// Backward moves the gradient back to the source's device through the same kind of verified copy.
+// Backward moves the gradient back to the source's device through the same kind of verified copy (a
+// CPU gradient of a GPU source is pinned, the default: pin_memory is the forward result's choice).
 class VerifiedCopyFunction : public torch::autograd::Function<VerifiedCopyFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& src, at::Device device,
-                            const std::string& route, const std::string& verify) {
+                            const std::string& route, const std::string& verify, bool pin_memory) {
     ctx->saved_data["device"] = src.device();
     ctx->saved_data["route"] = route;
     ctx->saved_data["verify"] = verify;
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return verified_copy_op(src, device, route, verify);
+    return verified_copy_op(src, device, route, verify, pin_memory);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor grad = verified_copy_op(grads[0], ctx->saved_data["device"].toDevice(),
                                              ctx->saved_data["route"].toStringRef(),
-                                             ctx->saved_data["verify"].toStringRef());
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+                                             ctx->saved_data["verify"].toStringRef(), /*pin_memory=*/true);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  public:
   static at::Tensor verified_copy_op(const at::Tensor& src, at::Device device, c10::string_view route,
-                                     c10::string_view verify) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("pyxfer::verified_copy", "")
-                               .typed<at::Tensor(const at::Tensor&, at::Device, c10::string_view, c10::string_view)>();
-    return op.call(src, device, route, verify);
+                                     c10::string_view verify, bool pin_memory) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("pyxfer::verified_copy", "")
+            .typed<at::Tensor(const at::Tensor&, at::Device, c10::string_view, c10::string_view, bool)>();
+    return op.call(src, device, route, verify, pin_memory);
   }
 };
 
 at::Tensor verified_copy_autograd(const at::Tensor& src, at::Device device, c10::string_view route,
-                                  c10::string_view verify) {
+                                  c10::string_view verify, bool pin_memory) {
   if (!at::GradMode::is_enabled() || !src.requires_grad()) {  // no graph to record: skip the node's cost
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return VerifiedCopyFunction::verified_copy_op(src, device, route, verify);
+    return VerifiedCopyFunction::verified_copy_op(src, device, route, verify, pin_memory);
   }
-  return VerifiedCopyFunction::apply(src, device, std::string(route), std::string(verify));
+  return VerifiedCopyFunction::apply(src, device, std::string(route), std::string(verify), pin_memory);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ Modules, in the order a call uses them: ``plan`` (this rank's input, normalised 
 verification, the handle), ``engine`` (plans, the schedule, verdicts, the native calls); this module
 runs the steps.
 
-The differences from Transformer Engine's gather (specs/quantized-formats.md §6.6) are deliberate:
+The differences from Transformer Engine's gather (docs/specs/quantized-formats.md §6.6) are deliberate:
 contiguous fallbacks, async kept in every path, nothing post-processed before the data arrived,
 128x128 gathered quantized, metadata compared across ranks, NVFP4 amax checked, swizzled scales
 unswizzled before gathering, requantization only for quantizable gathered shapes.
@@ -166,7 +166,8 @@ def check_gathers(group=None):
     (ValueError naming the field and the ranks; RuntimeError for a gather replayed from a CUDA graph
     whose ranks disagreed), RuntimeError when torch.distributed is not initialized."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{OP}: torch.distributed is not initialized (call torch.distributed.init_process_group)")
+        raise RuntimeError("pyxfer.check_gathers: torch.distributed is not initialized (call "
+                           "torch.distributed.init_process_group)")
     state = engine.existing_state(dist.group.WORLD if group is None else group)
     if state is None:
         return

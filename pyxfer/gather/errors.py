@@ -23,6 +23,20 @@ class GatherVerificationError(RuntimeError):
         self.src_rank, self.rank, self.buffer = src_rank, rank, buffer
         self.num_bytes, self.expected, self.actual = num_bytes, expected, actual
 
+    def __reduce__(self):
+        # BaseException rebuilds an error as cls(*args), without the keyword-only fields, so pickling
+        # (a process-pool worker raising it: BrokenProcessPool) and copying failed. The fields are passed
+        # again; the state (__dict__: the fields, notes, attributes set later) is restored after.
+        fields = {name: getattr(self, name) for name in _VERIFICATION_FIELDS}
+        return _rebuild, (type(self), self.args, fields), self.__dict__
+
+
+_VERIFICATION_FIELDS = ("src_rank", "rank", "buffer", "num_bytes", "expected", "actual")
+
+
+def _rebuild(cls, args, fields):
+    return cls(*args, **fields)
+
 
 # The warning points at the first frame outside pyxfer (the caller's call site).
 _PYXFER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -12,17 +12,25 @@ with pyxfer's versions, and can put back the identical original objects. Subclas
             # (owner, attribute name, replacement) for every binding to replace; nothing is
             # changed until all of them have been found.
             yield target.distributed, "_all_gather_mxfp8", make_replacement(...)
+            # a function other modules import by name (``from m import f``): those bindings too
+            original = target.distributed.gather_along_first_dim
+            replacement = make_replacement(original)
+            yield target.distributed, "gather_along_first_dim", replacement
+            for owner, attribute in holders(original, exclude=target.distributed):
+                yield owner, attribute, replacement
 
     _integration = _Gather()
     patch, unpatch, patched, is_patched = (_integration.patch, _integration.unpatch,
                                            _integration.patched, _integration.is_patched)
 
-Rules (DESIGN.md "Integrations are opt-in and reversible"):
+Rules (docs/design.md, "Integrations are opt-in and reversible"):
 
 - The target is imported lazily, on the first ``patch()`` (or ``target()``), never by ``import pyxfer``.
   A missing library, one that fails to import, or a version outside ``tested`` (lowest tested
   release inclusive, first untested release exclusive) raises ``IntegrationError``, an ImportError.
   Setting $PYXFER_ALLOW_UNTESTED=1 turns the version check into a warning.
+- ``holders(obj)`` finds every loaded module that holds ``obj`` under any name, each module once
+  (``__main__`` is also registered as ``__mp_main__`` once multiprocessing is imported).
 - ``patch(**options)`` finds every binding first (a missing attribute raises IntegrationError and
   changes nothing), then rebinds them all and returns a ``PatchReport``: every binding found and
   changed, with its owner, attribute name, original and replacement. Idempotent: a second call with
@@ -43,10 +51,11 @@ import importlib
 import importlib.metadata
 import os
 import re
+import sys
 import threading
 import warnings
 
-__all__ = ["Binding", "Integration", "IntegrationError", "PatchConflictError", "PatchReport"]
+__all__ = ["Binding", "Integration", "IntegrationError", "PatchConflictError", "PatchReport", "holders"]
 
 _ALLOW_UNTESTED = "PYXFER_ALLOW_UNTESTED"
 
@@ -113,6 +122,23 @@ def _own_attribute(owner, attribute):
     if namespace is None and hasattr(owner, attribute):  # e.g. __slots__ instances
         return True, getattr(owner, attribute)
     return False, None
+
+
+def holders(obj, exclude=None):
+    """(module, attribute) of every loaded module's global that is ``obj``, under any name: the
+    modules that imported it by name (``from owner import f``, ``... import f as g``). Each module
+    once, though sys.modules may hold it under two names: ``import multiprocessing`` (which
+    ``import torch`` does) registers ``__main__`` again as ``__mp_main__``. ``exclude``: a module
+    to leave out (the owner the caller patches itself)."""
+    seen = set() if exclude is None else {id(exclude)}
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if id(module) in seen or not isinstance(namespace, dict):
+            continue
+        seen.add(id(module))
+        for attribute, value in list(namespace.items()):
+            if value is obj:
+                yield module, attribute
 
 
 def _release(version: str) -> tuple:

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .._checks import check_bool
+from .._devices import parse_device
 from ..guard import enter_index, exit_index
 from ..nested import sender
 from ..transfer import ROUTES, check_transfers
@@ -126,13 +127,6 @@ def _align_hook(hook, align_cls, sequential_cls):
     return None
 
 
-def _as_device(device) -> torch.device:
-    """AlignDevicesHook.execution_device (an int, a string or a torch.device) as a torch.device."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return torch.device("cuda", device)
-    return torch.device(device)
-
-
 class _Block:
     """The hooks of one attached block. A thread-local stack pairs each call's pre-hook with its
     forward hook, so nested and concurrent calls each restore their own device. A block with nothing
@@ -143,12 +137,14 @@ class _Block:
     def __init__(self, name, module, hook, *, verify, route, guard, include_cpu, find_device, op):
         self.name, self.hook = name, hook
         self.module = weakref.ref(module)
-        self.device = _as_device(hook.execution_device)
+        where = f"the AlignDevicesHook of block {name or '(root)'!r}"
+        # NOTE: 'cuda' without an index is the current device now, for the guard and the moves alike
+        # (an int is a CUDA index, as in accelerate's hooks; a CUDA device that does not exist is an error here)
+        self.device = parse_device(op, f"the execution_device of {where}", hook.execution_device)
         # rebuild=False: accelerate's send_to_device rebuilds the containers right after us anyway.
         self.options = dict(verify=verify, route=route, include_cpu=include_cpu, rebuild=False)
-        self.send_args = sender(hook.execution_device, op=op, **self.options)  # skip_keys never apply to args
-        self.send_kwargs = sender(hook.execution_device, skip_keys=hook.skip_keys,
-                                  op=f"{op} (the AlignDevicesHook of block {name or '(root)'!r})", **self.options)
+        self.send_args = sender(self.device, op=op, **self.options)  # skip_keys never apply to args
+        self.send_kwargs = sender(self.device, skip_keys=hook.skip_keys, op=f"{op} ({where})", **self.options)
         self.guard_index = self.device.index if guard and self.device.type == "cuda" else None
         self.io_same_device = bool(hook.io_same_device)
         self.find_device = find_device
@@ -376,7 +372,9 @@ def attach(model: torch.nn.Module, *, verify: str = "sync", guard: bool = True, 
     leaves the model attached at its exit; with other options it raises ValueError (detach first).
     Raises IntegrationError when accelerate is missing or untested; TypeError for a model that is
     not a Module, a ``guard`` / ``include_cpu`` that is not a bool or an ``hf_device_map`` that is
-    not a mapping; ValueError for a bad ``verify`` / ``route`` or a model without accelerate hooks.
+    not a mapping; ValueError for a bad ``verify`` / ``route``, a model without accelerate hooks or an
+    execution device that does not exist in this process. An execution device given as 'cuda'
+    without an index is the CUDA device current at ``attach``.
     """
     op = "pyxfer.integrations.accelerate.attach"
     _check_model(op, model)

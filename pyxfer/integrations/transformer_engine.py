@@ -2,7 +2,7 @@
 
 TE's ``transformer_engine.pytorch.distributed.gather_along_first_dim`` (sequence / tensor
 parallelism) falls back to a high-precision gather whenever a shard is not quantizable, and those
-fallbacks are wrong in several ways (specs/quantized-formats.md §6.6): the input is never made
+fallbacks are wrong in several ways (docs/specs/quantized-formats.md §6.6): the input is never made
 contiguous (NCCL rejects it), ``async_op`` is dropped, MXFP8 / NVFP4 requantization of a
 gathered shape that is still not a multiple of the block asserts in TE's allocator, 128x128 FP8
 block tensors are never gathered quantized, and NVFP4 shards with different global amax are
@@ -21,9 +21,11 @@ What is replaced (all in ``transformer_engine.pytorch.distributed`` unless said 
   it and TE's async handle, so it needs no replacing), ``_all_gather_mxfp8``, ``_all_gather_nvfp4``:
   ``gather_along_first_dim`` looks them up in its module's globals at every call.
 - ``gather_along_first_dim`` itself, in ``distributed`` and in every loaded module holding the
-  original object under any name (TE imports it by name into 9 modules; Megatron-core or NeMo may
-  too): its generic-quantizer path (a quantizer of a format TE has no gather for) gathers through
-  pyxfer, contiguous; everything else goes to TE's original, which reaches the helpers above.
+  original object under any name (TE imports it by name into 9 modules; Megatron-core, NeMo or the
+  user's script may too; a script is patched once though ``import torch`` also registers
+  ``__main__`` as ``__mp_main__``): its generic-quantizer path (a quantizer of a format TE has no
+  gather for) gathers through pyxfer, contiguous; everything else goes to TE's original, which
+  reaches the helpers above.
 
 Behaviour when patched: TE quantized tensors (``Float8BlockwiseQTensor[Storage]``,
 ``MXFP8Tensor[Storage]``, ``NVFP4Tensor[Storage]``) are wrapped without copying in
@@ -52,7 +54,6 @@ Tested with transformer-engine 2.20.2 (PyTorch, torch 2.14.1) on gloo; see READM
 import functools
 import importlib
 import inspect
-import sys
 import warnings
 
 import torch
@@ -60,14 +61,14 @@ import torch.distributed as dist
 
 from .. import formats
 from ..gather import all_gather
-from ._patch import Integration
+from ._patch import Integration, holders
 
 __all__ = ["TESTED", "is_patched", "late_bindings", "patch", "patched", "report", "unpatch"]
 
 #: (lowest tested release, first untested release) of the ``transformer-engine`` distribution.
 TESTED = ("2.20", "2.21")
 
-# Modules of TE 2.20 that import gather_along_first_dim by name (specs/integrations.md §4.2); they
+# Modules of TE 2.20 that import gather_along_first_dim by name (docs/integrations.md, "Transformer Engine"); they
 # are imported before the scan so that none is loaded later holding the original.
 _IMPORTERS = (
     "transformer_engine.pytorch.attention.dot_product_attention.context_parallel",
@@ -350,7 +351,7 @@ class _TransformerEngine(Integration):
         original = ted.gather_along_first_dim
         replacement = _make_gather_along_first_dim(te, original, verify)
         yield ted, "gather_along_first_dim", replacement
-        for owner, attribute in _holders(original, exclude=ted):
+        for owner, attribute in holders(original, exclude=ted):
             yield owner, attribute, replacement
 
     def late_bindings(self) -> list:
@@ -363,7 +364,7 @@ class _TransformerEngine(Integration):
         known = {(id(b.owner), b.attribute) for b in report.bindings}
         late = []
         for b in report.bindings:
-            for owner, attribute in _holders(b.replacement):
+            for owner, attribute in holders(b.replacement):
                 if (id(owner), attribute) not in known:
                     known.add((id(owner), attribute))
                     late.append((owner, attribute, b.original))
@@ -380,17 +381,6 @@ class _TransformerEngine(Integration):
                 warnings.warn(f"pyxfer.integrations.transformer_engine.unpatch: {names} bound pyxfer's replacement "
                               f"after patch() (not in its report); restored to TE's original", RuntimeWarning,
                               stacklevel=2)
-
-
-def _holders(obj, exclude=None):
-    """(module, attribute) of every loaded module's global that is ``obj`` (any name)."""
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if module is exclude or not isinstance(namespace, dict):
-            continue
-        for attribute, value in list(namespace.items()):
-            if value is obj:
-                yield module, attribute
 
 
 _integration = _TransformerEngine()

@@ -1,5 +1,5 @@
-// Quantized formats: element encodings, scale rules and buffer layouts (shared/specs/
-// quantized-formats.md §1-§5), written once for the CPU reference and the CUDA kernels. Torch-free.
+// Quantized formats: element encodings, scale rules and buffer layouts
+// (docs/specs/quantized-formats.md §1-§5), written once for the CPU reference and the CUDA kernels. Torch-free.
 //
 // Arithmetic is fp32 with round-to-nearest-even, one operation at a time: every product goes through
 // mul_rn() so that nvcc cannot contract it into an FMA (which would round once instead of twice and

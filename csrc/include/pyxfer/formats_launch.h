@@ -1,6 +1,6 @@
 // The launch seam of the quantized-format kernels (csrc/kernels/formats_quantize.cu,
 // formats_dequantize.cu, formats_swap_first_dims.cu): plain pointers, sizes and a stream in, the launch's
-// cudaGetLastError() out. Layouts and rules: pyxfer/formats.h and shared/specs/quantized-formats.md.
+// cudaGetLastError() out. Layouts and rules: pyxfer/formats.h and docs/specs/quantized-formats.md.
 // M = product of the leading dims, K = the last dim.
 // NOTE: every launcher runs on the current device, which must hold all the pointers; outputs are
 // written on `stream` only. Scale buffers must arrive zeroed: the kernels write the logical entries,

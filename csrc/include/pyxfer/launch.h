@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "pyxfer/verify_words.h"
+
 namespace pyxfer {
 
 // Adds the PXH64 partial sum of data[0, num_bytes) into *acc (atomically, mod 2^64). Word j of the
@@ -34,14 +36,60 @@ struct CopyFault {
   uint8_t flip_mask;
 };
 
-// Copies num_bytes from src to dst (both 16-byte aligned, else cudaErrorInvalidValue; src may be on
-// a peer GPU with access enabled) as `fault` says, and adds the PXH64 (seed 0) terms of the
-// destination, read back after it landed, to *acc; the last block writes finalize(*acc, num_bytes, 0)
-// to *out_hash. *acc and *blocks_done must start at zero. Runs on the current device, which must be
-// the one holding dst: one kernel does the copy and the destination hash (no copy-engine step, no
-// dependency between two operations in the tail).
-cudaError_t launch_copy_pxh64(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
-                              uint64_t* acc, uint32_t* blocks_done, uint64_t* out_hash, cudaStream_t stream);
+// ---- verified GPU copies (csrc/kernels/verified_copy.cu; driven by csrc/cuda/transfer_device.cpp) ----
+// Guarded kernels publish into VerifyWords (pyxfer/verify_words.h): each hash XOR the running device's
+// canary, then a run token for `seq`. Their scratch is device memory of the device they run on, zero
+// before a launch and left zero by it (the last block takes the sums and resets the ticket), so one
+// scratch serves every kernel of one stream in turn; `out` / hash words may be mapped host memory.
+
+// Device scratch of the guarded kernels: running sums and the ticket of the kernel in flight.
+struct HashScratch {
+  unsigned long long acc[2];  // [0] the destination's (or the hashed buffer's) sum, [1] the source's
+  unsigned int blocks_done;
+  unsigned int unused;
+};
+
+// Fault injection's "always wrong" rule, applied by the kernel that finalizes the destination hash:
+// if it equals the source hash, XOR the destination byte byte_in_word of `word` with 1 (and hash the
+// flipped word). word == nullptr: no fault to make sure of.
+struct EnsureWrong {
+  uint8_t* word = nullptr;             // the destination word holding the byte (8-byte aligned)
+  uint64_t word_index = 0;             // its index in the hashed buffer (its key)
+  uint32_t word_bytes = 8;             // 1..8 (the last word of a buffer may be partial)
+  uint32_t byte_in_word = 0;
+  const uint64_t* src_word = nullptr;  // VerifyWords::src, published before the kernel started (not
+  uint64_t src_canary = 0;             // used by the GPU-local kernel, which has the source sum itself)
+};
+
+// Sets this device's canary (the current device's instance of it), read by every guarded kernel.
+cudaError_t launch_set_device_canary(uint64_t canary, cudaStream_t stream);
+
+// GPU-local verified copy, one kernel: copies num_bytes (> 0) from src (any alignment) to dst (16-byte
+// aligned, else cudaErrorInvalidValue) as `fault` says, hashing the source as read and the destination
+// as read back from L2 after its store, and publishes both into *out (src, dst, then both tokens).
+// Runs on the current device, which holds both.
+cudaError_t launch_copy_verify_local(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
+                                     const EnsureWrong& ensure, HashScratch* scratch, VerifyWords* out, uint64_t seq,
+                                     cudaStream_t stream);
+
+// GPU -> GPU, on the destination (current device, holding dst, 16-byte aligned): pulls num_bytes (> 0)
+// from src (a peer GPU's memory with access enabled; any alignment) as `fault` says, hashes the
+// destination as read back after its stores, and publishes out->dst and out->dst_token.
+cudaError_t launch_pull_verify(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, const CopyFault& fault,
+                               const EnsureWrong& ensure, HashScratch* scratch, VerifyWords* out, uint64_t seq,
+                               cudaStream_t stream);
+
+// Adds the PXH64 terms of data[0, num_bytes) (any alignment), keyed from word `word_offset`, to
+// scratch->acc[0], with at most max_blocks blocks (0: one wave). With hash_word (the last range of a
+// hash: nothing else may add to the scratch meanwhile), the last block finalizes the whole hash of
+// hash_bytes, resets the scratch and publishes it (hash_word, then token_word). A whole buffer of at
+// most kSmallHashBytes goes through one block and needs no scratch. Runs on the current device.
+cudaError_t launch_hash_verify(const void* data, uint64_t num_bytes, uint64_t word_offset, uint64_t max_blocks,
+                               HashScratch* scratch, uint64_t* hash_word, uint64_t* token_word, uint64_t seq,
+                               uint64_t hash_bytes, const EnsureWrong& ensure, cudaStream_t stream);
+
+// One wave of launch_hash_verify's kernel on the current device (what max_blocks is a share of).
+uint64_t hash_wave_blocks();
 
 // Copies num_bytes from src to dst with SM loads and stores (16-byte vectors where both are 16-byte
 // aligned), a grid of one wave. Either pointer may be on a peer GPU with access enabled. Runs on the
@@ -83,6 +131,14 @@ struct TransferLatch {
 cudaError_t launch_latch_mismatch(const uint64_t* src_hash, uint64_t src_hash_value, const uint64_t* dst_hash,
                                   TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
                                   cudaStream_t stream);
+
+// The deferred checker of a guarded verification (pyxfer/verify_words.h): judges *words for call `seq`
+// (source hashed on the device with src_canary, destination on dst_canary), latches a mismatch in
+// *latch (device memory of the current device) and prefills the words again, consuming the tokens.
+// `words` may be mapped host memory written by other devices (read uncached). One thread.
+cudaError_t launch_check_verify(VerifyWords* words, uint64_t seq, uint64_t src_canary, uint64_t dst_canary,
+                                TransferLatch* latch, int64_t src_device, int64_t dst_device, int64_t num_bytes,
+                                cudaStream_t stream);
 
 // Fault injection that always writes wrong bytes: if PXH64 `a` (*a, or a_value when a is null) equals
 // PXH64 `b` (*b) -- the faulty destination still equals the source -- *byte ^= 1. `a` and `b` may be

@@ -1,4 +1,4 @@
-// PXH64, the transfer checksum (shared/specs/checksum.md, v1). Torch-free.
+// PXH64, the transfer checksum (docs/specs/pxh64.md, v1). Torch-free.
 //
 // The definition lives here once and is used bit-for-bit by the CPU reference and the CUDA kernel:
 //   acc = sum_j mix(w_j ^ (seed + (j + 1) * kK))   (mod 2^64), w_j = little-endian word j
