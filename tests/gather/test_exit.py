@@ -3,9 +3,10 @@ the tensors of a collective on its worker thread once the collective completed; 
 Python object had been dropped then needs the GIL there, and when the thread gets it only as the
 interpreter finalizes (the group still referenced at exit), the process aborts after Python finished
 ("terminate called without an active exception"). tests/support/gather_exit_worker.py runs 12 2-rank groups,
-4 at a time, in forked processes that exit through normal finalization: fused calls, a None input
-and a dim 0 mismatch, destroy_process_group(), and a last call that one rank drops unwaited while it
-holds the GIL (every such run aborted before the fix: 12 of 12)."""
+4 at a time, in forked processes that exit through normal finalization: fused (native) calls, a None
+input in a fused call (the deferred error), a dim 0 mismatch in a waiting call, destroy_process_group(),
+and a last record exchange (the Python post of every waiting call on gloo) that one rank drops unwaited
+while it holds the GIL (every such run aborted without the guarantee: 12 of 12)."""
 import json
 import os
 import subprocess

@@ -3,16 +3,20 @@ pyxfer already imported), ``--parallel`` groups at a time, each process leaving 
 interpreter's normal exit, and prints one JSON object: how the processes ended.
 
 Each rank of a run keeps a reference to its group until exit (as programs do with the groups they
-make), makes 4 agreeing calls (the group goes fused), one where rank 1 passes None and one where it
-passes another dim 0 (every rank raises the documented error), one agreeing call, and a last one:
-rank 0 makes it with ``async_op=True``, drops the handle unwaited, calls destroy_process_group() and
-exits; its last exit step (the first atexit handler, registered before torch is imported) blocks in
-C code that keeps the GIL, as C extensions may, and only then does rank 1 post its part of the call
-(sync), call destroy_process_group() and exit. So rank 0's collective completes while it holds the
-GIL just before finalizing: a gloo worker thread that must then free a Python object (a posted tensor
-pyxfer dropped) gets the GIL only in finalization, and the process aborts after Python finished
-("terminate called without an active exception", SIGABRT). Shards are fresh random (5, 3) tensors;
-every result is checked exactly.
+make), makes 4 agreeing calls (the group goes fused: native calls), one where rank 1 passes None (a
+fused call: rank 1 raises its TypeError at once, rank 0 gets a result marked invalid and raises the
+ValueError in check_gathers) and one where it passes another dim 0 (a waiting call again: both raise
+in the call), two agreeing calls, and a last collective that rank 0 posts and drops unwaited: the
+record exchange of a waiting call (pyxfer.gather.exchange.launch, the Python post every waiting call
+on gloo makes; pyxfer's own calls wait for it, and the native calls post only tensors that never had
+a Python object, so only an abandoned post leaves gloo holding a tensor whose Python object pyxfer
+dropped until the process exits). Rank 0 then calls destroy_process_group() and exits; its last exit
+step (the first atexit handler, registered before torch is imported) blocks in C code that keeps the
+GIL, as C extensions may, and only then does rank 1 post its part (sync), call destroy_process_group()
+and exit. So rank 0's collective completes while it holds the GIL just before finalizing: a gloo
+worker thread that must then free a Python object (a posted tensor pyxfer dropped) gets the GIL only
+in finalization, and the process aborts after Python finished ("terminate called without an active
+exception", SIGABRT). Shards are fresh random (5, 3) tensors; every result is checked exactly.
 
     python gather_exit_worker.py --runs 12 --parallel 4 --dir TMPDIR
 """
@@ -43,6 +47,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import pyxfer  # noqa: E402
+from pyxfer.gather import exchange  # noqa: E402
+from pyxfer.gather import record as rec  # noqa: E402
 
 GROUPS = []  # the groups the program still references at exit
 HOLD_S = 2  # seconds rank 0 holds the GIL at exit; rank 1 posts at its start
@@ -64,13 +70,18 @@ def run_rank(rank, init, marker, seed):
     for other, text, own in ((None, "rejected its input", TypeError), (torch.zeros(6, 3), "dim 0", ValueError)):
         try:
             agreeing(4) if rank == 0 else pyxfer.all_gather(other)
+            pyxfer.check_gathers()  # (rank 0's fused call returned a result marked invalid: its error comes here)
         except (TypeError, ValueError) as e:
             assert type(e) is (ValueError if rank == 0 else own) and (rank == 1 or text in str(e)), repr(e)
         else:
             raise AssertionError(f"rank {rank}: no error raised for a disagreeing call")
     assert torch.equal(agreeing(5), full[5])
+    assert torch.equal(agreeing(6), full[6])
+    send = torch.full((rec.RECORD_LEN,), 100 + rank, dtype=torch.int64)
+    recv = torch.empty(2 * rec.RECORD_LEN, dtype=torch.int64)
     if rank == 0:
-        agreeing(6, async_op=True)  # dropped unwaited: the collective completes once rank 1 posts
+        exchange.launch(send, recv, dist.group.WORLD)  # dropped unwaited: completes once rank 1 posts
+        del send, recv
         dist.destroy_process_group()  # the group lives on (GROUPS) and completes it
         _hold_at_exit.append((marker, HOLD_S))
     else:
@@ -79,7 +90,8 @@ def run_rank(rank, init, marker, seed):
             if time.monotonic() > deadline:
                 raise RuntimeError("rank 0 never reached its exit")
             time.sleep(0.01)
-        assert torch.equal(agreeing(6), full[6])
+        exchange.launch(send, recv, dist.group.WORLD).wait()
+        assert torch.equal(recv, torch.tensor([100, 101]).repeat_interleave(rec.RECORD_LEN))
         dist.destroy_process_group()
 
 
