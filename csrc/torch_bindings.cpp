@@ -115,6 +115,10 @@ TORCH_LIBRARY(pyxfer, m) {
   // tensor's data pointer (`latch`: the engine's state, written beside the results, not an argument
   // tensor). `group` is a process group's name (torch's group registry, as its functional collectives
   // take it).
+  // The all-gather of a waiting call's records on gloo, from and into the caller's CPU buffers (addresses:
+  // num_bytes from `in_address`, world x num_bytes into `out_address`), waited for; gloo is handed views
+  // made in C++ (csrc/gather/gloo_bytes.cpp says why).
+  m.def("gloo_all_gather_bytes(str group, int out_address, int in_address, int num_bytes) -> ()");
   m.def("gather_plan_new(int[] desc) -> int");
   m.def("gather_plan_free(int plan) -> ()");
   m.def("gather_latch_new(Device device) -> Tensor");

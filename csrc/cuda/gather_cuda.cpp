@@ -166,7 +166,7 @@ Posted post_cuda(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const GatherP
   c10d::AllgatherOptions opts;
   opts.asyncOp = async;
   const auto launch_started = std::chrono::steady_clock::now();
-  c10::intrusive_ptr<c10d::Work> work = pg->all_gather_single_coalesced(outs, ins, opts);
+  c10::intrusive_ptr<c10d::Work> work = all_gather_single_coalesced(*pg, outs, ins, opts, 0);
   note_collective(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                                        launch_started).count());
   const RecordsView view = view_of(plan, posted.meta_recv);

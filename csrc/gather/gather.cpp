@@ -214,7 +214,7 @@ Posted post_cpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const GatherPl
   at::Tensor gathered = at::empty({plan.world * total}, packed.options());
   c10d::AllgatherOptions opts;
   const int64_t started = now_ns();
-  c10::intrusive_ptr<c10d::Work> work = pg->all_gather_single(gathered, packed, opts);
+  c10::intrusive_ptr<c10d::Work> work = all_gather_single(*pg, gathered, packed, opts, 0);
   if (work) work->wait();
   work.reset();  // NOTE: no Work object outlives its use (a gloo Work that outlives its group aborts at exit)
   note_collective(now_ns() - started);

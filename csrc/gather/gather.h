@@ -16,6 +16,33 @@
 namespace pyxfer {
 namespace gather {
 
+// The process group's single-tensor all-gather and its coalesced form under either name: torch 2.13
+// renamed _allgather_base / allgather_into_tensor_coalesced to all_gather_single(_coalesced) and deprecated
+// the old names, which torch 2.11 and 2.12 still need. The int overloads win where the new names exist;
+// the others are instantiated only where they do not.
+template <typename PG>
+auto all_gather_single(PG& pg, at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& opts, int)
+    -> decltype(pg.all_gather_single(out, in, opts)) {
+  return pg.all_gather_single(out, in, opts);
+}
+template <typename PG>
+c10::intrusive_ptr<c10d::Work> all_gather_single(PG& pg, at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& opts, long) {
+  return pg._allgather_base(out, in, opts);
+}
+template <typename PG>
+auto all_gather_single_coalesced(PG& pg, std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                                 const c10d::AllgatherOptions& opts, int)
+    -> decltype(pg.all_gather_single_coalesced(outs, ins, opts)) {
+  return pg.all_gather_single_coalesced(outs, ins, opts);
+}
+template <typename PG>
+c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(PG& pg, std::vector<at::Tensor>& outs,
+                                                           std::vector<at::Tensor>& ins,
+                                                           const c10d::AllgatherOptions& opts, long) {
+  return pg.allgather_into_tensor_coalesced(outs, ins, opts);
+}
+
 constexpr const char* kOp = "pyxfer.all_gather";
 
 // Descriptor layout (pyxfer/gather/engine.py writes it; the version word guards the two sides).

@@ -5,23 +5,14 @@ NOTE (lifetimes): Work objects are dropped as soon as they were waited for (a gl
 its process group aborts the process at exit); the data collectives are the native engine's
 (pyxfer.gather.engine), which keeps no Work either.
 
-NOTE (tensor lifetimes on gloo): gloo runs a collective on a worker thread of its process group, which
-drops its references to the posted tensors after it completed the collective, often after ``wait()``
-returned here. A tensor whose Python object was dropped before is then freed on that thread, which
-takes the GIL for it; when that happens as the interpreter finalizes (the group still referenced at
-exit, destroy_process_group() called or not), Python ends the thread inside gloo's C++ destructor and
-the process aborts after Python finished ("terminate called without an active exception", SIGABRT).
-So the Python objects of the tensors this module posts to gloo (a waiting call's records) are kept
-(_GlooWork, _held) until gloo dropped its references, and freed on a Python thread: at a later post of
-this module, or at exit. The native engine's gloo collectives (csrc/gather/gather.cpp, post_cpu) post
-only tensors that never had a Python object (a packed copy of the inputs and a gathered buffer that
-is copied into the results), so gloo's thread frees them without the GIL.
+NOTE (tensor lifetimes on gloo): gloo drops its references to a collective's tensors on its worker
+thread, often after ``wait()`` returned; a tensor with a Python object then releases that object there,
+taking the GIL, and a process finalizing at that moment aborts ("terminate called without an active
+exception"). So nothing posted to gloo here has a Python object: the records travel through
+``torch.ops.pyxfer.gloo_all_gather_bytes``, which hands gloo views of these buffers made in C++ and waits
+(csrc/gather/gloo_bytes.cpp); the native engine's gloo collectives post buffers of their own likewise.
 """
-import atexit
 import contextlib
-import ctypes
-import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -36,8 +27,8 @@ _OPTS = None
 
 def _allgather(outs, ins, group):
     """Start an all-gather of ``ins`` (contiguous, one device) into ``outs`` (W times as many
-    elements each, rank-major); returns the backend's Work (gloo: in a _GlooWork, which keeps the
-    posted tensors' Python objects until gloo dropped them). The process group's own methods are
+    elements each, rank-major); returns the backend's Work (gloo: the
+    collective already completed, see the NOTE on tensor lifetimes on gloo). The process group's own methods are
     called directly: torch.distributed's Python wrappers add tens of microseconds per call, and
     ``all_gather_into_tensor`` warns (FutureWarning) on torch >= 2.13. CUDA (NCCL): one coalesced
     collective (one ncclGroup). CPU (gloo): exactly one tensor, through ``_allgather_base`` (gloo's
@@ -54,73 +45,23 @@ def _allgather(outs, ins, group):
     if ins[0].is_cuda:
         return group.allgather_into_tensor_coalesced(outs, ins, _OPTS)
     (out,), (inp,) = outs, ins
-    if _held:
-        _hold_while_posted(())
-    return _GlooWork(group._allgather_base(out, inp, _OPTS), (out, inp))
+    assert out.is_contiguous() and inp.is_contiguous() and out.device.type == inp.device.type == "cpu"
+    torch.ops.pyxfer.gloo_all_gather_bytes(group.group_name, out.data_ptr(), inp.data_ptr(),
+                                          inp.numel() * inp.element_size())
+    return _COMPLETED
 
 
-# ---- tensors posted to gloo (see the NOTE on tensor lifetimes on gloo above) -------------------
-
-_held = []  # posted tensors gloo may still reference: their Python objects stay alive here
-_held_lock = threading.Lock()
-_EXIT_WAIT_S = 1.0  # at exit, how long to wait for gloo to drop the held tensors (completed collectives: at once)
-
-
-def _hold_while_posted(tensors):
-    """Keep each of ``tensors`` (objects posted to gloo) that gloo still references; free the held ones
-    it dropped since (here, on a Python thread). ``_use_count()`` is 1 once only the Python object
-    holds the tensor: the posted objects are this module's own (fresh views or buffers, never the
-    caller's tensors), so nothing else refers to them."""
-    with _held_lock:
-        _held[:] = [t for t in _held if t._use_count() > 1]
-        _held.extend(t for t in tensors if t._use_count() > 1)
-
-
-class _GlooWork:
-    """A gloo Work and the tensors posted with it: the tensors' Python objects outlive gloo's
-    references (_hold_while_posted), also when the work is dropped without ``wait()``."""
-    __slots__ = ("_work", "_tensors")
-
-    def __init__(self, work, tensors):
-        self._work, self._tensors = work, tensors
+class _Completed:
+    """The Work of a collective that completed inside the call (gloo)."""
 
     def is_completed(self) -> bool:
-        return self._work is None or self._work.is_completed()
-
-    def wait(self):
-        if self._work is not None:
-            self._work.wait()
-        self._release()
         return True
 
-    def _release(self):
-        self._work = None  # gloo's worker thread may still hold the work, and the tensors, a moment longer
-        tensors, self._tensors = self._tensors, None
-        if tensors:
-            _hold_while_posted(tensors)
-
-    def __del__(self):
-        if self._tensors is not None:  # dropped without wait()
-            self._release()
+    def wait(self):
+        return True
 
 
-@atexit.register
-def _release_held_at_exit():
-    """Before the interpreter finalizes, free the held tensors once gloo dropped them. Tensors of a
-    collective that does not complete in time (a dropped handle whose peer never posted) are leaked:
-    gloo frees them whenever the collective ends, and must not take the GIL for them then."""
-    deadline = time.monotonic() + _EXIT_WAIT_S
-    while _held:
-        _hold_while_posted(())
-        if not _held:
-            return
-        if time.monotonic() > deadline:
-            with _held_lock:
-                for t in _held:
-                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
-                _held.clear()
-            return
-        time.sleep(0.001)
+_COMPLETED = _Completed()
 
 
 def launch(send, recv, group):

@@ -1,12 +1,12 @@
-"""Processes that used pyxfer.all_gather on a gloo group exit normally (issue 39, item 1): gloo frees
-the tensors of a collective on its worker thread once the collective completed; a posted tensor whose
-Python object had been dropped then needs the GIL there, and when the thread gets it only as the
-interpreter finalizes (the group still referenced at exit), the process aborts after Python finished
-("terminate called without an active exception"). tests/support/gather_exit_worker.py runs 12 2-rank groups,
-4 at a time, in forked processes that exit through normal finalization: fused (native) calls, a None
-input in a fused call (the deferred error), a dim 0 mismatch in a waiting call, destroy_process_group(),
-and a last record exchange (the Python post of every waiting call on gloo) that one rank drops unwaited
-while it holds the GIL (every such run aborted without the guarantee: 12 of 12)."""
+"""Processes that used pyxfer.all_gather on a gloo group exit normally (issue 39, item 1): gloo drops its
+references to a collective's tensors on its worker thread just after the collective completed; a tensor
+with a Python object then needs the GIL on that thread, and a process that keeps the GIL from there until
+it finalizes aborts after Python finished ("terminate called without an active exception", SIGABRT).
+tests/support/gather_exit_worker.py runs 12 2-rank groups, 4 at a time, in forked processes that exit
+through normal finalization: fused (native) calls, a None input in a fused call (the deferred error), a dim
+0 mismatch in a waiting call, and a last record exchange (the Python post of every waiting call on gloo)
+after which each rank keeps the GIL until it exits. With tensors that have Python objects posted to gloo,
+most processes abort (the rate is in issue 39's note)."""
 import json
 import os
 import subprocess

@@ -6,17 +6,15 @@ Each rank of a run keeps a reference to its group until exit (as programs do wit
 make), makes 4 agreeing calls (the group goes fused: native calls), one where rank 1 passes None (a
 fused call: rank 1 raises its TypeError at once, rank 0 gets a result marked invalid and raises the
 ValueError in check_gathers) and one where it passes another dim 0 (a waiting call again: both raise
-in the call), two agreeing calls, and a last collective that rank 0 posts and drops unwaited: the
-record exchange of a waiting call (pyxfer.gather.exchange.launch, the Python post every waiting call
-on gloo makes; pyxfer's own calls wait for it, and the native calls post only tensors that never had
-a Python object, so only an abandoned post leaves gloo holding a tensor whose Python object pyxfer
-dropped until the process exits). Rank 0 then calls destroy_process_group() and exits; its last exit
-step (the first atexit handler, registered before torch is imported) blocks in C code that keeps the
-GIL, as C extensions may, and only then does rank 1 post its part (sync), call destroy_process_group()
-and exit. So rank 0's collective completes while it holds the GIL just before finalizing: a gloo
-worker thread that must then free a Python object (a posted tensor pyxfer dropped) gets the GIL only
-in finalization, and the process aborts after Python finished ("terminate called without an active
-exception", SIGABRT). Shards are fresh random (5, 3) tensors; every result is checked exactly.
+in the call), two agreeing calls, and a last collective: the record exchange of a waiting call
+(pyxfer.gather.exchange.launch, the post every waiting call on gloo makes), after which the rank holds
+the GIL (a C call that keeps it, as C extensions may) with forced thread switches off
+(sys.setswitchinterval), calls destroy_process_group() and exits. Gloo's worker thread drops its
+references to the collective's tensors just after the collective completed: a tensor with a Python
+object then needs the GIL on that thread, which it gets only if the main thread gives the GIL up before
+finalizing; if not, the process aborts after Python finished ("terminate called without an active
+exception", SIGABRT). The last exit step (the first atexit handler, registered before torch is
+imported) holds the GIL again. Shards are fresh random (5, 3) tensors; every result is checked exactly.
 
     python gather_exit_worker.py --runs 12 --parallel 4 --dir TMPDIR
 """
@@ -24,16 +22,13 @@ import atexit
 import ctypes
 import sys
 
-_hold_at_exit = []  # rank 0: (marker file, seconds)
+_hold_at_exit = []  # the seconds to hold the GIL at the last exit step
 
 
 @atexit.register  # first registered, so the last to run: nothing after it releases the GIL before finalizing
 def _hold_gil_at_exit():
     if _hold_at_exit:
-        marker, seconds = _hold_at_exit[0]
-        sys.setswitchinterval(60)  # a thread that waits for the GIL from now on does not force a switch
-        open(marker, "w").close()  # rank 1 posts now
-        ctypes.PyDLL(None).sleep(seconds)  # a PyDLL call keeps the GIL
+        ctypes.PyDLL(None).sleep(_hold_at_exit[0])  # a PyDLL call keeps the GIL
 
 
 import argparse  # noqa: E402 (after the handler above, on purpose)
@@ -41,7 +36,6 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -51,10 +45,10 @@ from pyxfer.gather import exchange  # noqa: E402
 from pyxfer.gather import record as rec  # noqa: E402
 
 GROUPS = []  # the groups the program still references at exit
-HOLD_S = 2  # seconds rank 0 holds the GIL at exit; rank 1 posts at its start
+HOLD_S = 1  # seconds each rank holds the GIL after its last collective, and again at exit
 
 
-def run_rank(rank, init, marker, seed):
+def run_rank(rank, init, seed):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
     GROUPS.append(dist.group.WORLD)
@@ -78,21 +72,13 @@ def run_rank(rank, init, marker, seed):
     assert torch.equal(agreeing(5), full[5])
     assert torch.equal(agreeing(6), full[6])
     send = torch.full((rec.RECORD_LEN,), 100 + rank, dtype=torch.int64)
-    recv = torch.empty(2 * rec.RECORD_LEN, dtype=torch.int64)
-    if rank == 0:
-        exchange.launch(send, recv, dist.group.WORLD)  # dropped unwaited: completes once rank 1 posts
-        del send, recv
-        dist.destroy_process_group()  # the group lives on (GROUPS) and completes it
-        _hold_at_exit.append((marker, HOLD_S))
-    else:
-        deadline = time.monotonic() + 300  # a guard against hanging, far beyond any run
-        while not os.path.exists(marker):  # rank 0 holds the GIL at exit
-            if time.monotonic() > deadline:
-                raise RuntimeError("rank 0 never reached its exit")
-            time.sleep(0.01)
-        exchange.launch(send, recv, dist.group.WORLD).wait()
-        assert torch.equal(recv, torch.tensor([100, 101]).repeat_interleave(rec.RECORD_LEN))
-        dist.destroy_process_group()
+    recv = torch.full((2 * rec.RECORD_LEN,), -1, dtype=torch.int64)
+    sys.setswitchinterval(60)  # from here on a thread waiting for the GIL does not force a switch
+    exchange.launch(send, recv, dist.group.WORLD).wait()
+    ctypes.PyDLL(None).sleep(HOLD_S)  # gloo's worker drops the collective's tensors meanwhile
+    assert torch.equal(recv, torch.tensor([100, 101]).repeat_interleave(rec.RECORD_LEN))
+    dist.destroy_process_group()  # the group lives on (GROUPS)
+    _hold_at_exit.append(HOLD_S)
 
 
 def main():
@@ -106,19 +92,17 @@ def main():
     for first in range(0, a.runs, a.parallel):
         pids = []
         for r in range(first, min(a.runs, first + a.parallel)):
-            init, marker = f"file://{os.path.join(a.dir, f'init{r}')}", os.path.join(a.dir, f"holding{r}")
+            init = f"file://{os.path.join(a.dir, f'init{r}')}"
             seed = int.from_bytes(os.urandom(4), "little")
             for rank in (0, 1):
                 pid = os.fork()
                 if pid == 0:  # the child: run, then leave through the interpreter's normal exit
                     code = 0
                     try:
-                        run_rank(rank, init, marker, seed)
+                        run_rank(rank, init, seed)
                     except BaseException as e:  # noqa: BLE001 (reported as an exit code)
                         print(f"run {r} rank {rank} (seed {seed}): {type(e).__name__}: {e}", file=sys.stderr)
                         code = 3
-                        if rank == 0:  # rank 1 waits for the marker
-                            open(marker, "w").close()
                     sys.exit(code)
                 pids.append(pid)
         for pid in pids:
