@@ -71,7 +71,7 @@ def sources(*patterns):
 
 
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
-CPU_SOURCES = ("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/cpu/*.cpp")  # every build
+CPU_SOURCES = ("csrc/*.cpp", "csrc/transfer/*.cpp", "csrc/gather/*.cpp", "csrc/cpu/*.cpp")  # every build
 CUDA_SOURCES = ("csrc/cuda/*.cpp", "csrc/kernels/*.cu")  # CUDA builds
 
 

@@ -116,10 +116,42 @@ TORCH_LIBRARY(pyxfer, m) {
   m.def("dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, bool columnwise, ScalarType out_dtype) -> Tensor");
   // out[b, a, ...] = src[a, b, ...]: rank-major gathered buffers to the layout the format needs.
   m.def("swap_first_dims(Tensor src) -> Tensor");
-  // The all-gather pyxfer.all_gather runs on gloo, from and into the caller's CPU buffers (addresses:
-  // num_bytes from `in_address`, world x num_bytes into `out_address`; `group`: a process group's name in
-  // torch's group registry), waited for; gloo is handed views made in C++ (csrc/cpu/gloo_all_gather.cpp).
+
+  // The all-gather's steady-state call (csrc/gather/; pyxfer/gather/engine.py drives it and documents
+  // the protocol). A plan (the layout of one agreed signature's gather) is registered once from its
+  // descriptor; a latch is host memory where verdicts land, never freed (graphs may replay into it):
+  // gather_latch_new returns it as a CPU tensor for the host to read, and the calls name it by that
+  // tensor's data pointer (`latch`: the engine's state, written beside the results, not an argument
+  // tensor). `group` is a process group's name (torch's group registry, as its functional collectives
+  // take it).
+  // The all-gather pyxfer.all_gather runs on gloo for a waiting call's records, from and into the caller's
+  // CPU buffers (addresses: num_bytes from `in_address`, world x num_bytes into `out_address`), waited for;
+  // gloo is handed views made in C++ (csrc/gather/gloo_bytes.cpp says why).
   m.def("gloo_all_gather_bytes(str group, int out_address, int in_address, int num_bytes) -> ()");
+  m.def("gather_plan_new(int[] desc) -> int");
+  m.def("gather_plan_free(int plan) -> ()");
+  m.def("gather_latch_new(Device device) -> Tensor");
+  // Host-time accounting of the calls below, since the last reset (benchmarks/gather_overhead.py):
+  // [calls, ns inside the process group's collective call, verdict waits that found the verdict missing
+  // (the host was ahead of the device), ns spent in them].
+  m.def("gather_stats(bool reset=False) -> int[]");
+  // Posts one collective of every part cut from `inputs` (kModeScratch: uninitialized buffers of the
+  // plan's layout) and the record `meta` (NVFP4: with the `amax` bits; kModeHashes: with the PXH64 of
+  // every sent buffer), after waiting for the verdict of call `wait_seq` (> 0): if that call disagreed,
+  // nothing is posted and [] returned. kModeVerdict: the records are compared on the device and the
+  // verdict of call `seq` written to the latch. kModeAsync: beside the caller's stream (`flags`: kMode* bits). Returns the
+  // results (one per part, then an NVFP4 plan's result amax: rowwise, columnwise; a part without
+  // fix-up receives its data there), the rank-major temporaries of the parts with a fix-up, and the
+  // gathered records (world x record_len int64).
+  m.def("gather_post(str group, int plan, Tensor[] inputs, Tensor meta, "
+        "Tensor[] amax, int latch, int seq, int wait_seq, int flags) -> Tensor[]");
+  // Completes a posted call's results in place on the caller's stream: fix-ups, a disagreeing result
+  // marked invalid (NaN scales / data where the dtype has a NaN), NVFP4 result amax and the
+  // renormalisation of shards quantized with different amax.
+  m.def("gather_finish(int plan, Tensor(a!)[] results, Tensor[] temps, Tensor meta_recv, int seq, int flags) -> ()");
+  // gather_post then gather_finish (synchronous calls): the results, then the gathered records.
+  m.def("gather_run(str group, int plan, Tensor[] inputs, Tensor meta, "
+        "Tensor[] amax, int latch, int seq, int wait_seq, int flags) -> Tensor[]");
 }
 
 // `import pyxfer._C` runs the static registrations above; the module itself is empty.

@@ -13,14 +13,15 @@ from .audit import audit  # the function; the module stays importable as `from p
 from .buffers import PackedBuffer, SubviewSpec, capture_subviews, pack, restore_subviews
 from .checksums import checksum
 from .formats import QuantizedTensor, QuantizeSpec, quantize
-from .gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
+from .gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather, check_gathers
 from .guard import device_guard, on_device_of
 from .transfer import TransferError, check_transfers, configure_staging, staged_copy, verified_copy, verified_copy_many
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "all_gather", "buffers", "build_info", "capture_subviews", "check_transfers", "checksum",
+    "__version__", "all_gather", "buffers", "build_info", "capture_subviews", "check_gathers", "check_transfers",
+    "checksum",
     "checksums", "configure_staging", "formats", "GatherVerificationError", "health", "pack", "PackedBuffer",
     "quantize", "QuantizedGatherFallbackWarning", "QuantizedTensor", "QuantizeSpec", "restore_subviews", "staged_copy",
     "SubviewSpec", "testing", "TransferError", "verified_copy", "verified_copy_many", "audit", "device_guard",

@@ -100,3 +100,25 @@ def _dequantize_nvfp4_fake(data, scale_inv, amax, columnwise, out_dtype):
 @torch.library.register_fake("pyxfer::swap_first_dims")
 def _swap_first_dims_fake(src):
     return src.new_empty((src.shape[1], src.shape[0], *src.shape[2:]))
+
+
+def _gather_plan(plan):
+    from .gather.engine import plan_by_id
+    return plan_by_id(plan)
+
+
+@torch.library.register_fake("pyxfer::gather_post")
+def _gather_post_fake(group, plan, inputs, meta, amax, latch, seq, wait_seq, flags):
+    p = _gather_plan(plan)
+    return p.fake_outputs(meta, temps=True) + [meta.new_empty((p.world * meta.numel(),))]
+
+
+@torch.library.register_fake("pyxfer::gather_finish")
+def _gather_finish_fake(plan, results, temps, meta_recv, seq, flags):
+    return None
+
+
+@torch.library.register_fake("pyxfer::gather_run")
+def _gather_run_fake(group, plan, inputs, meta, amax, latch, seq, wait_seq, flags):
+    p = _gather_plan(plan)
+    return p.fake_outputs(meta, temps=False) + [meta.new_empty((p.world * meta.numel(),))]

@@ -1,21 +1,17 @@
-"""The exchange: posting collectives, the side streams the records travel on, the group's fused-mode
-state, buffer lifetimes, and the handle that waits for the data.
+"""The exchange of a waiting call's records (the agreement every rank reads before its data gather),
+PXH64 verification of received shards, and the handle of an async call.
 
-NOTE (buffer lifetimes): every tensor posted to a collective stays owned until the collective
-completed on the stream that uses it. On NCCL the caller's stream waits for the data gather in
-``GatherHandle.wait``; in fused mode the records are read on a side stream, whose ``work.wait()``
-lets ProcessGroupNCCL drop its references to every posted buffer, so each one is recorded on that
-side stream after the wait (the caching allocator then reuses it only once the collective is done,
-even when the caller drops the handle or a local step raised), and the caller's stream waits for that
-point of the side stream before it reads the data (_StreamPoint). Work objects are dropped as soon as
-they were waited for (a gloo Work that outlives its process group aborts the process at exit).
+NOTE (lifetimes): Work objects are dropped as soon as they were waited for (a gloo Work that outlives
+its process group aborts the process at exit); the data collectives are the native engine's
+(pyxfer.gather.engine), which keeps no Work either.
 
 NOTE (tensor lifetimes on gloo): gloo drops its references to a collective's tensors on its worker
 thread, often after ``wait()`` returned; a tensor with a Python object then releases that object there,
 taking the GIL, and a process finalizing at that moment aborts ("terminate called without an active
-exception", SIGABRT). So nothing posted to gloo here has a Python object: CPU collectives go through
+exception"). So nothing posted to gloo here has a Python object: the records travel through
 ``torch.ops.pyxfer.gloo_all_gather_bytes``, which hands gloo views of these buffers made in C++ and waits
-(csrc/cpu/gloo_all_gather.cpp): on gloo every collective completes inside the call that posts it."""
+(csrc/gather/gloo_bytes.cpp); the native engine's gloo collectives post buffers of their own likewise.
+"""
 import contextlib
 
 import torch
@@ -24,19 +20,19 @@ import torch.distributed as dist
 from ..checksums import as_uint64
 from . import record as rec
 from .errors import OP, GatherVerificationError
-from .layouts import Part, as_bytes
+from .layouts import as_bytes
 
 _OPTS = None
 
 
 def _allgather(outs, ins, group):
     """Start an all-gather of ``ins`` (contiguous, one device) into ``outs`` (W times as many
-    elements each, rank-major); returns the backend's Work (gloo: completed already, through
-    gloo_all_gather_bytes: see the NOTE on tensor lifetimes on gloo). The process group's own methods are
+    elements each, rank-major); returns the backend's Work (gloo: the
+    collective already completed, see the NOTE on tensor lifetimes on gloo). The process group's own methods are
     called directly: torch.distributed's Python wrappers add tens of microseconds per call, and
     ``all_gather_into_tensor`` warns (FutureWarning) on torch >= 2.13. CUDA (NCCL): one coalesced
-    collective (one ncclGroup). CPU (gloo): exactly one tensor, gloo's plain all-gather: gloo's
-    coalesced all-gather mis-gathers lists of mixed dtypes, and with
+    collective (one ncclGroup). CPU (gloo): exactly one tensor, through ``_allgather_base`` (gloo's
+    plain all-gather): gloo's coalesced all-gather mis-gathers lists of mixed dtypes, and with
     several gloo all-gathers in flight at once on torch 2.14 a rank was seen to hang in gloo's
     buffer teardown (another run died of heap corruption), so the CPU path never has more than one
     of its own in flight (see launch)."""
@@ -68,55 +64,11 @@ class _Completed:
 _COMPLETED = _Completed()
 
 
-class _PackedWork:
-    """gloo: the parts' bytes gathered as one buffer (what gloo's coalesced all-gather does inside,
-    without its defects; see _allgather); ``wait()`` copies each rank's bytes into the parts."""
-
-    def __init__(self, ops, group, world):
-        self._ops, self._world = ops, world
-        self._send = torch.cat([as_bytes(p.send) for p in ops])
-        self._recv = torch.empty(world * self._send.numel(), dtype=torch.uint8)
-        self._work = _allgather([self._recv], [self._send], group)
-
-    def is_completed(self) -> bool:
-        return self._work is None or self._work.is_completed()
-
-    def wait(self):
-        if self._work is None:
-            return True
-        self._work.wait()
-        self._work = None
-        columns = self._recv.view(self._world, -1).split([p.nbytes for p in self._ops], dim=1)
-        for p, column in zip(self._ops, columns):
-            as_bytes(p.recv).view(self._world, p.nbytes).copy_(column)
-        self._ops = self._send = self._recv = None
-        return True
-
-
-def launch(parts, group, world) -> list:
-    """Start the gathers of every non-empty part: one collective on either backend. CUDA (NCCL):
-    one coalesced group straight into the parts' buffers. CPU (gloo): one part goes straight into
-    its buffer; several are packed into one byte buffer (_PackedWork)."""
-    ops = [p for p in parts if p.nbytes]
-    if not ops:
-        return []
-    if ops[0].send.is_cuda:
-        return [_allgather([p.recv for p in ops], [p.send for p in ops], group)]
-    if len(ops) == 1:
-        return [_allgather([as_bytes(ops[0].recv)], [as_bytes(ops[0].send)], group)]
-    return [_PackedWork(ops, group, world)]
-
-
-def status_part(code, hashes, num_hashes, world, device) -> Part:
-    """The status word of a waiting call's data collective (0, or the record.STEP_* code of a local
-    failure after agreement), followed by ``num_hashes`` slots: the PXH64 of the sent buffers when
-    they travel with the data (``hashes``; None: left unset, a failed rank's)."""
-    n = 1 + num_hashes
-    send = torch.empty(n, dtype=torch.int64, device=device)
-    send[:1].fill_(code)
-    if hashes is not None:
-        send[1:].copy_(hashes)
-    return Part("status", send, torch.empty(world * n, dtype=torch.int64, device=device))
+def launch(send, recv, group):
+    """Start the all-gather of a record exchange (``send`` into ``recv``): one collective; its Work."""
+    if send.is_cuda:
+        return _allgather([recv], [send], group)
+    return _allgather([as_bytes(recv)], [as_bytes(send)], group)
 
 
 def on_device(device):
@@ -154,112 +106,55 @@ class _RecordBuffers:
 _free_record_buffers = {}  # (device, world) -> sets no call holds (list pop / append are atomic)
 
 
-class _StreamPoint:
-    """A point on a stream that stands for a collective already waited for there: ``wait()`` makes
-    the current stream wait for it (what NCCL's ``Work.wait()`` does)."""
-
-    def __init__(self, stream):
-        self._event, self._device = torch.cuda.Event(), stream.device
-        self._event.record(stream)
-
-    def is_completed(self) -> bool:
-        return self._event.query()
-
-    def wait(self):
-        torch.cuda.current_stream(self._device).wait_event(self._event)
-        return True
-
-
 class Records:
-    """One call's records: every rank's, gathered; the host reads them once (``read``). A call holds
+    """A waiting call's records: every rank's, gathered; the host reads them once (``read``). A call holds
     a buffer set of its own until ``release()``, so that calls in flight never share one.
 
     ``meta``: this rank's record (host part); ``device_values``: None, or a function writing the
-    values computed on the device (amax bits, hashes) into a 1-D int64 record tensor on ``device``.
-    Alone (``data_parts`` None, the waiting protocol): CUDA, on a side stream that waits for the
-    caller's stream only when the record holds values computed there, so the host's wait does not
-    include unrelated queued work; CPU (gloo), waited for at once, so that gloo never has two of
-    pyxfer's collectives in flight. Fused: the record is the last part of the collective that carries
-    ``data_parts`` (``works``), posted from the caller's stream; on CUDA a side stream waits for it and
-    copies the records to the host, so ``read`` waits for nothing else. ``cached``: the call repeats
-    the group's agreed record, whose device copy the group keeps (no host-to-device copy)."""
+    values computed on the device (the NVFP4 amax) into a 1-D int64 record tensor on ``device``.
+    CUDA: on a side stream that waits for the caller's stream only when the record holds values
+    computed there, so the host's wait does not include unrelated queued work. CPU (gloo): waited for
+    at once, so that gloo never has two of pyxfer's collectives in flight."""
 
-    def __init__(self, meta, device_values, group, world, device, agreed, data_parts=None, cached=False):
-        self.world, self._metas, self._bufs, self._device_reader, self._work = world, None, None, None, None
-        self.works = []
-        fused = data_parts is not None
+    def __init__(self, meta, device_values, group, world, device):
+        self.world, self._metas, self._bufs, self._device_reader = world, None, None, None
         if device.type != "cuda":
-            send = agreed.device_record(meta, device) if cached else torch.tensor(meta, dtype=torch.int64)
+            send = torch.tensor(meta, dtype=torch.int64)
             if device_values is not None:
-                send = send.clone() if cached else send
                 device_values(send)
             self.dev = self.host = torch.empty(world * rec.RECORD_LEN, dtype=torch.int64)
             self.event = None
-            works = launch(list(data_parts or ()) + [Part("record", send, self.dev)], group, world)
-            if fused:
-                self.works, self._work = works, works[0]
-            else:
-                works[0].wait()
+            launch(send, self.dev, group).wait()  # (the Work is dropped at once)
             return
         free = _free_record_buffers.setdefault((device, world), [])
         self._bufs = bufs = free.pop() if free else _RecordBuffers(device, world)
         self.host, self.dev, self.event = bufs.host, bufs.dev, bufs.event
-        # Fused: the group's own read stream, so that no other group's records wait for this data gather.
-        side = agreed.read_stream(device) if fused else _side_stream(device)
+        side = _side_stream(device)
         if bufs.read_pending:  # the previous holder's device reads (max_amax)
-            (torch.cuda.current_stream(device) if fused else side).wait_event(bufs.read_done)
+            side.wait_event(bufs.read_done)
             bufs.read_pending = False
-        if fused:  # from the caller's stream, with no stream switch before the launch (host time delays the data)
-            send = agreed.device_record(meta, device) if cached else self._send_from_host(bufs, meta)
-            if device_values is not None:
-                send = send.clone() if cached else send
-                device_values(send)
-            posted = data_parts + [Part("record", send, self.dev)]
-            self.works = launch(posted, group, world)
-        if not fused and device_values is not None:  # the amax / the sent bytes are computed on the caller's stream
+        if device_values is not None:  # the amax is computed on the caller's stream
             side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            if not fused:
-                send = self._send_from_host(bufs, meta)
-                if device_values is not None:
-                    device_values(send)
-                works = launch([Part("record", send, self.dev)], group, world)
-            for work in self.works if fused else works:
-                work.wait()  # makes the side stream (current here) wait for the collective
-            if fused:
-                # NOTE: the wait above let the backend drop its references to the posted buffers, which
-                # were allocated on the caller's stream; recorded here, none is reused before the
-                # collective completed, whatever the caller does with the handle.
-                for p in posted:
-                    p.send.record_stream(side)
-                    p.recv.record_stream(side)
-                # The Work objects are done with; the caller's stream waits for this point of the side
-                # stream instead (complete() / GatherHandle.wait()) before it reads the data.
-                self.works = [_StreamPoint(side)]
+            bufs.send_np[:] = meta  # the previous holder's copy out of it finished before its read()
+            send = bufs.dev_send.copy_(bufs.host_send, non_blocking=True)
+            if device_values is not None:
+                device_values(send)
+            launch(send, self.dev, group).wait()  # the side stream (current here) waits for the collective
             self.host.copy_(self.dev, non_blocking=True)
             self.event.record(side)
-
-    @staticmethod
-    def _send_from_host(bufs, meta) -> torch.Tensor:
-        bufs.send_np[:] = meta  # the previous holder's copy out of it finished before its read()
-        return bufs.dev_send.copy_(bufs.host_send, non_blocking=True)
 
     def read(self) -> list:
         """The W records as lists of ints (waits for them the first time)."""
         if self._metas is None:
-            if self._work is not None:
-                self._work.wait()
-                self._work = None
-            elif self.event is not None:
+            if self.event is not None:
                 self.event.synchronize()
-            self.works = []  # waited for (or, NCCL, recorded on the read stream): no Work object outlives its use
             flat = self.host.tolist()
             self._metas = [flat[r * rec.RECORD_LEN:(r + 1) * rec.RECORD_LEN] for r in range(self.world)]
         return self._metas
 
     def release(self):
-        """Give the buffer set back (after ``read``, once the call's device work with the records is
-        queued and, fused, once the caller's stream waited for the collective)."""
+        """Give the buffer set back (after ``read``, once the call's device work with the records is queued)."""
         bufs, self._bufs = self._bufs, None
         if bufs is None:
             return
@@ -279,57 +174,6 @@ class Records:
             self._device_reader = current
         bits = records.view(self.world, rec.RECORD_LEN)[:, rec.F_AMAX_ROW].max()
         return bits.to(torch.int32).view(torch.float32).reshape(1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Fused mode. Every rank keeps the same Agreed state for a group, changed only by calls that read
-# their records before posting data (so at the same point of the call sequence on every rank). After
-# FUSE_AFTER agreed calls in a row with one signature, every call of the group posts one collective:
-# its data parts and its record. A rank whose call has that signature posts its data; any other
-# rank posts scratch buffers of the agreed layout, so the collective matches on every rank, then reads
-# the records at once: if every rank did the same (a new signature on all ranks) the call goes on as
-# a waiting call (its data gathered next); if not, the ranks disagree, and each raises the same error
-# (the ones that posted data, from wait()). Errors change no state. Signatures whose data depend on
-# the records (quantize_as NVFP4 with the group's amax) never fuse.
-
-FUSE_AFTER = 2
-
-
-class Agreed:
-    __slots__ = ("signature", "layout", "streak", "device", "_records", "_read_streams", "__weakref__")
-
-    def __init__(self):
-        self.signature = self.layout = self.device = None
-        self.streak = 0  # agreed calls in a row with ``signature``
-        self._records = {}  # device -> (record, its device copy)
-        self._read_streams = {}  # device -> the stream that copies fused calls' records to the host
-
-    def read_stream(self, device):
-        stream = self._read_streams.get(device)
-        if stream is None:
-            stream = self._read_streams[device] = torch.cuda.Stream(device)
-        return stream
-
-    def fused(self) -> bool:
-        return self.streak >= FUSE_AFTER
-
-    def agree(self, signature, layout, device):
-        """A call that read its records before its data gather agreed on ``signature`` and sends
-        ``layout`` (layouts.layout_of of its data parts) from ``device``: where a later call without
-        a usable input posts its scratch (an NCCL rank's collectives stay on one device)."""
-        fusable = signature is not None and not rec.amax_from_records(signature)
-        self.streak = 0 if not fusable else self.streak + 1 if signature == self.signature else 1
-        self.signature, self.layout, self.device = signature, layout, device
-
-    def device_record(self, meta, device) -> torch.Tensor:
-        """This rank's record as a tensor on ``device`` (CPU included) for a call of the agreed
-        signature, made once and only read after that (on CUDA, recorded on the read stream by every
-        call that posts it)."""
-        record, dev = self._records.get(device, (None, None))
-        if record != meta:
-            dev = torch.tensor(meta, dtype=torch.int64).to(device)
-            self._records[device] = (list(meta), dev)
-        return dev
 
 
 def queue_checks(data_parts, rank, world):
@@ -356,43 +200,36 @@ def queue_checks(data_parts, rank, world):
     return check
 
 
-def complete(works, finish, device):
-    """Wait for ``works`` (on NCCL: the current stream waits), then ``finish()``: the result."""
-    with on_device(device):
-        for w in works:
-            w.wait()
-        works.clear()
-        return finish()
-
-
 class GatherHandle:
-    """Returned by ``all_gather(..., async_op=True)``. ``wait()`` waits for the data (on NCCL: makes
-    the current stream wait), then post-processes (verification, layout fix-ups, requantization)
-    and returns the result; later calls return the same object (or raise the same error).
-    ``is_completed()`` says whether the collectives finished (post-processing may still be due)."""
+    """Returned by ``all_gather(..., async_op=True)``. ``wait()`` makes the current stream wait for the
+    data (on NCCL; gloo moved them already), post-processes (fix-ups, invalid marking, verification,
+    requantization) and returns the result; later calls return the same object (or raise the same
+    error). It raises the error of a disagreement among the ranks when this rank can know it without
+    waiting for the device (see pyxfer.gather.engine). ``is_completed()`` says whether the collective
+    finished (post-processing may still be due)."""
 
-    def __init__(self, works, finish, device):
-        self._works, self._finish, self._device = works, finish, device
+    def __init__(self, finish, probe=None):
+        self._finish, self._probe = finish, probe
         self._result, self._error, self._done = None, None, False
 
     def is_completed(self) -> bool:
-        if self._done:
+        if self._done or self._probe is None:
             return True
-        return all(w.is_completed() for w in self._works)
+        return self._probe()
 
     def wait(self):
         if not self._done:
-            works, finish, self._works, self._finish, self._done = self._works, self._finish, None, None, True
+            finish, self._finish, self._probe, self._done = self._finish, None, None, True
             try:
-                self._result = complete(works, finish, self._device)
+                self._result = finish()
             except Exception as e:
                 # NOTE: the error is kept to raise it again, so its finished frames are cleared: they
-                # hold the call's buffers and Work objects, which must not live as long as the handle
-                # (nor, through the cycle handle -> error -> this frame, until a garbage collection).
+                # hold the call's buffers, which must not live as long as the handle (nor, through the
+                # cycle handle -> error -> this frame, until a garbage collection).
                 import traceback
                 traceback.clear_frames(e.__traceback__)
                 self._error = e
-            del works, finish
+            del finish
         if self._error is not None:
             raise self._error
         return self._result

@@ -1,16 +1,14 @@
-"""The plan of a call: this rank's input normalised (``Local``: what kind, which format spec, what
-it would send), and the path, fixed by the signature, so identical on every rank that agrees:
-quantized, or the dequantize-then-gather fallback (and why, for the warning). What only the
-records tell (the NVFP4 shard amaxes) is handled after the data arrived (``Plan.rebuild``)."""
-import functools
-
+"""This rank's input, normalised (``Local``: what kind, which format spec, what it would send), for a
+waiting call and for the engine's plans (pyxfer.gather.engine), which fix the path from the agreed
+signature alone: quantized, or the dequantize-then-gather fallback (and why, for the warning)."""
 import torch
 
 from .. import formats
 from .._checks import check_tensor
 from . import layouts
 from . import record as rec
-from .errors import OP, warn_once
+from .errors import OP
+from .layouts import quantizable
 
 _compact_specs = {}  # spec -> the same spec with compact scales (specs are immutable and hashable)
 
@@ -46,12 +44,6 @@ def spec_of(q) -> formats.QuantizeSpec:
         if len(_specs_of_tensors) < 256:
             _specs_of_tensors[key] = spec
     return spec
-
-
-@functools.lru_cache(maxsize=1024)
-def quantizable(spec, shape) -> bool:
-    """``spec.is_quantizable(shape)`` (``shape`` a tuple), remembered."""
-    return spec.is_quantizable(shape)
 
 
 def with_usages(spec, rowwise, columnwise):
@@ -98,20 +90,13 @@ class Local:
         self.x = None            # plain / high-precision tensor (kinds 0 and 2)
         self.q = None            # compact QuantizedTensor (kind 1; kind 2 once quantized)
         self.amax_dev = None     # NVFP4: 1-element fp32 tensors (amax_rowwise, amax_columnwise) or (shard amax,)
-        self.send = None         # what this rank will send if the ranks agree: ("plain", tensor) or
-        #                          ("quantized", compact QuantizedTensor); None: known after the exchange
-        self.parts = None        # self.send as parts (built by build_parts)
         self.out_swizzled = False
         self.verify = verify
-        self.hashes_in_record = False  # verify, and the sent buffers are known before the records travel
         # exchange: whether the call communicates (all_gather: world > 1; a 1-rank group may run the
         # protocol all the same, see pyxfer.gather.gather)
         self.exchange = world > 1 if exchange is None else exchange
         try:
             self._prepare(x, quantize_as, world)
-            if verify is True and self.exchange:
-                self.build_parts(world)
-                self.hashes_in_record = self.parts is not None
         except Exception as e:
             self.error = e
 
@@ -136,28 +121,15 @@ class Local:
         return meta
 
     def device_values(self):
-        """None, or the function that writes what the device computes (NVFP4 amax bits, PXH64 of the
-        sent buffers) into a record tensor on the device."""
-        if self.error is not None or (self.amax_dev is None and not self.hashes_in_record):
+        """None, or the function that writes what the device computes (the NVFP4 amax bits) into a
+        record tensor on the device."""
+        if self.error is not None or self.amax_dev is None:
             return None
 
         def write(meta):
-            if self.amax_dev is not None:
-                bits = torch.cat([a.reshape(1).float() for a in self.amax_dev]).view(torch.int32).to(torch.int64)
-                meta[rec.F_AMAX_ROW:rec.F_AMAX_ROW + bits.numel()].copy_(bits)
-            if self.hashes_in_record:
-                meta[rec.F_HASH:rec.F_HASH + len(self.parts)].copy_(layouts.hash_all(self.parts))
+            bits = torch.cat([a.reshape(1).float() for a in self.amax_dev]).view(torch.int32).to(torch.int64)
+            meta[rec.F_AMAX_ROW:rec.F_AMAX_ROW + bits.numel()].copy_(bits)
         return write
-
-    def build_parts(self, world):
-        if self.parts is None and self.send is not None:
-            what, t = self.send
-            self.parts = [layouts.plain_part(t, world)] if what == "plain" else \
-                layouts.quantized_parts(t, self.spec, world)
-
-    def send_layout(self, world):
-        """The layout every rank that agrees with this one sends (what a failed rank posts as scratch)."""
-        return layouts.send_layout(self.spec, self.dtype, self.shape, world)
 
     def _prepare(self, x, quantize_as, world):
         device = getattr(x, "device", None)  # known even if x is rejected: the record goes there
@@ -187,7 +159,7 @@ class Local:
         x = x.detach()
         self.device, self.dtype, self.shape = x.device, x.dtype, tuple(x.shape)
         if spec is None:
-            self.kind, self.x, self.send = rec.KIND_PLAIN, x, ("plain", x)
+            self.kind, self.x = rec.KIND_PLAIN, x
             return
         if x.dtype not in formats.INPUT_DTYPES:
             raise TypeError(f"{OP}: quantize_as needs a float32, bfloat16 or float16 tensor, got {x.dtype}")
@@ -195,12 +167,11 @@ class Local:
         if not self.exchange:
             return
         if not quantizable(spec, self.shape):
-            self.send = ("plain", x)  # fallback in the input dtype
-        elif spec.fmt == "nvfp4" and spec.options["global_amax"] is None:
+            return  # fallback: x is sent in its dtype
+        if spec.fmt == "nvfp4" and spec.options["global_amax"] is None:
             self.amax_dev = (formats.global_amax(x),)  # global amax = max over ranks, known later
         else:
             self.q = self.spec.quantize(x)
-            self.send = ("quantized", self.q)
 
     def _prepare_quantized(self, q, spec, world):
         if len(q.shape) == 0 or len(q.shape) > rec.MAX_DIMS:
@@ -212,13 +183,8 @@ class Local:
             col = q.amax_columnwise if spec.columnwise else None
             self.amax_dev = (row if row is not None else col, col if col is not None else row)
         self.q = q
-        if not self.exchange:
-            return
-        if quantizable(spec, self.shape):
-            self.send = ("quantized", q)
-        else:
-            self.x = q.dequantize()
-            self.send = ("plain", self.x)
+        if self.exchange and not quantizable(spec, self.shape):
+            self.x = q.dequantize()  # fallback: sent in the nominal dtype
 
 
 def world_one(local: Local, x, quantize_as):
@@ -239,97 +205,32 @@ def world_one(local: Local, x, quantize_as):
     return q.with_swizzled_scales() if local.out_swizzled else q
 
 
-_results = {}  # (spec, gathered shape, dtype, device) -> a result made before, without its buffers (a template)
-
-
-class Plan:
-    """What to gather (``parts``); ``build(finals)``: the result from the finished parts, queued before
-    the records are read; ``rebuild(finals, records, result)``, if not None: the result once the
-    records are known (NVFP4 shards may carry different amax); ``warning``: (message, key) or None."""
-
-    def __init__(self, parts, build, warning=None, rebuild=None):
-        self.parts, self.build, self.warning, self.rebuild = parts, build, warning, rebuild
-
-
-def quantize_with_group_amax(local: Local, records, world):
+def quantize_with_group_amax(local: Local, records):
     """quantize_as NVFP4 without a global amax: quantize with the max of the shard amaxes (on the
-    device, from the gathered records) and build the parts."""
+    device, from the gathered records)."""
     spec = local.spec
     # The amax is the group's maximum of the shards' amaxes: data (kept on the device), not an
     # argument for quantize to check.
     local.q = formats._quantize(local.x, spec.fmt, rowwise=spec.rowwise, columnwise=spec.columnwise,
                                 fp8_dtype=spec.fp8_dtype, check_amax_tensor=False,
                                 **{**spec.options, "global_amax": records.max_amax()})
-    local.parts = layouts.quantized_parts(local.q, local.spec, world)
 
 
-def decide(local: Local, records, world, on_step=None) -> Plan:
-    """The plan of this rank's call (the same path on every rank that agrees). ``records``: the
-    gathered records (a waiting call; NVFP4 quantize_as with the group's amax needs them) or None
-    (fused). ``on_step(code)``, if given, is told the record.STEP_* about to run (for errors)."""
-    if on_step:
-        on_step(rec.STEP_BUILD)
-    local.build_parts(world)
+def fallback_warning(local: Local, world):
+    """(message, key) of the fallback warning of a signature whose shards are not quantizable, else None."""
     kind, shape, spec = local.kind, local.shape, local.spec
+    if kind == rec.KIND_PLAIN or quantizable(spec, shape):
+        return None
     out_shape = (world * shape[0],) + tuple(shape[1:])
-    if kind == rec.KIND_PLAIN:
-        return Plan(local.parts, lambda finals: finals[0])
-    ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
     out_ok = quantizable(spec, out_shape)
-    nvfp4 = spec.fmt == "nvfp4"
-
-    def requantize(hp, global_amax=None):
-        if not out_ok:
-            return hp
-        q = spec.quantize(hp, global_amax=global_amax) if nvfp4 and global_amax is not None else spec.quantize(hp)
-        return q.with_swizzled_scales() if local.out_swizzled else q
-
-    if not quantizable(spec, shape):
-        dtype = str(local.dtype).removeprefix("torch.")
-        what = "gathered quantized" if kind == rec.KIND_QUANTIZED else f"quantized as {spec.fmt}"
-        reason = f"the shards of shape {list(shape)} on {ranks} cannot be {what}: " \
-                 f"{layouts.why_not_quantizable(shape, spec.fmt)}"
-        then = f"requantized as {spec.fmt}" if out_ok else \
-            f"returned in {dtype}, because the gathered shape {list(out_shape)} is not quantizable either " \
-            f"({layouts.why_not_quantizable(out_shape, spec.fmt)})"
-        # (NVFP4 tensors always hold whole 16x16 blocks, so only FP8-block and MXFP8 ones get here.)
-        warning = f"{OP} gathered in {dtype} instead of {spec.fmt}: {reason}. The result is {then}.", \
-            (spec.fmt, "shape", out_ok)
-        return Plan(local.parts, lambda finals: requantize(finals[0]), warning)
-    if local.parts is None:  # quantize_as NVFP4 with the group's amax: the max of the shard amaxes
-        if on_step:
-            on_step(rec.STEP_NVFP4_QUANTIZE)
-        quantize_with_group_amax(local, records, world)
-    q, parts = local.q, local.parts
-
-    def build(finals):
-        bufs = {p.name: t for p, t in zip(parts, finals)}
-        if nvfp4:
-            bufs.update(amax_rowwise=q.amax_rowwise.clone() if spec.rowwise else None,
-                        amax_columnwise=q.amax_columnwise.clone() if spec.columnwise else None)
-        # The parts give the same buffer shapes for the same (spec, shape, dtype, device, world):
-        # a result of an earlier such call is the template (no validation again).
-        key = (spec, out_shape, local.dtype, q.device)
-        like = _results.get(key)
-        out = formats.tensor_from_buffers(spec, out_shape, local.dtype, bufs, like=like)
-        if like is None and len(_results) < 64:
-            _results[key] = formats.tensor_from_buffers(spec, out_shape, local.dtype, {}, like=out)  # no buffers
-        return out.with_swizzled_scales() if local.out_swizzled else out
-
-    def rebuild(finals, metas, result):
-        row, col = rec.amaxes(metas, rec.F_AMAX_ROW), rec.amaxes(metas, rec.F_AMAX_COL)
-        if len(set(row)) == 1 and len(set(col)) == 1:
-            return result
-        # The same result as dequantizing each shard with its own amax, gathering the values and
-        # requantizing, from the quantized bytes already here (no second gather).
-        mine = row if spec.rowwise else col
-        amaxes = ", ".join(f"rank {r}: {a!r}" for r, a in enumerate(mine))
-        dtype = str(local.dtype).removeprefix("torch.")
-        warn_once(f"{OP} gathered NVFP4 shards that were quantized with different global amax "
-                  f"({amaxes}), so they cannot share one global scale (quantize with the group's "
-                  f"all-reduced amax): each shard was decoded to {dtype} with its own amax and the "
-                  f"result requantized as nvfp4, as the dequantize-then-gather fallback would.",
-                  (spec.fmt, "amax", out_ok))
-        hp = torch.cat([layouts.nvfp4_shard_values(parts, r, shape, local.dtype, mine[r]) for r in range(world)])
-        return requantize(hp, max(row + col))
-    return Plan(parts, build, rebuild=rebuild if kind == rec.KIND_QUANTIZED and nvfp4 else None)
+    ranks = f"ranks 0-{world - 1}" if world > 2 else "ranks 0 and 1"
+    dtype = str(local.dtype).removeprefix("torch.")
+    what = "gathered quantized" if kind == rec.KIND_QUANTIZED else f"quantized as {spec.fmt}"
+    reason = f"the shards of shape {list(shape)} on {ranks} cannot be {what}: " \
+             f"{layouts.why_not_quantizable(shape, spec.fmt)}"
+    then = f"requantized as {spec.fmt}" if out_ok else \
+        f"returned in {dtype}, because the gathered shape {list(out_shape)} is not quantizable either " \
+        f"({layouts.why_not_quantizable(out_shape, spec.fmt)})"
+    # (NVFP4 tensors always hold whole 16x16 blocks, so only FP8-block and MXFP8 ones get here.)
+    return f"{OP} gathered in {dtype} instead of {spec.fmt}: {reason}. The result is {then}.", \
+        (spec.fmt, "shape", out_ok)

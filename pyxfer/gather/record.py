@@ -6,8 +6,9 @@ of a waiting call (a rank that failed after the records agreed names its step th
 A record is ``RECORD_LEN`` int64 slots. Slots [0, AGREE_LEN) must be equal on every rank (the common
 case is checked with one comparison per rank); after them, values that may differ per rank: the
 NVFP4 amax bits (written on the device for a QuantizedTensor or a shard amax, on the host for a
-quantize_as amax given by the caller) and, with ``verify``, the PXH64 of every buffer the rank sends
-(written on the device)."""
+quantize_as amax given by the caller), and in the record that travels with the data (every data
+collective carries one: pyxfer.gather.engine), with ``verify`` the PXH64 of every buffer the rank
+sends (written on the device) and, in a waiting call, the status word (F_STATUS)."""
 import struct
 
 import torch
@@ -38,7 +39,8 @@ AGREE_LEN = F_SHAPE + MAX_DIMS
 F_AMAX_ROW, F_AMAX_COL = AGREE_LEN, AGREE_LEN + 1
 F_HASH = AGREE_LEN + 2
 RECORD_LEN = 48  # room to grow without changing the record's size
-assert F_HASH + MAX_HASHES <= RECORD_LEN
+F_STATUS = RECORD_LEN - 1  # in the record that travels with a waiting call's data: 0, or a STEP_* code
+assert F_HASH + MAX_HASHES <= F_STATUS
 # Fields every rank must agree on, in the order they are compared, with their names in errors. Each
 # can be the only one that differs (e.g. ndim: shapes (4, 3) and (4, 3, 0) fill the same shape slots).
 AGREE = [(F_KIND, "input kind"), (F_FMT, "format"), (F_DTYPE, "dtype"), (F_FP8, "fp8_dtype"),
@@ -181,12 +183,12 @@ def check_agreement(metas, own_error=None):
 
 # ---- the status word of a waiting call's data collective ----------------------------------------
 # A rank that fails after the records agreed (the records said every rank would send) still posts
-# the agreed collective, with scratch buffers and the code of the step that failed, so that no rank
-# waits for it; every rank reads the statuses after the data arrived.
+# the agreed collective, with scratch buffers and the code of the step that failed in the status slot
+# (F_STATUS) of the record that travels with it, so that no rank waits for it; every rank reads the
+# statuses after the data arrived.
 
-STEPS = ("building the send and receive buffers", "quantizing with the group's NVFP4 global amax",
-         "hashing the sent buffers", "allocating the status buffers")
-STEP_BUILD, STEP_NVFP4_QUANTIZE, STEP_HASH, STEP_ALLOCATE = range(1, len(STEPS) + 1)
+STEPS = ("building the send and receive buffers", "quantizing with the group's NVFP4 global amax")
+STEP_BUILD, STEP_NVFP4_QUANTIZE = range(1, len(STEPS) + 1)
 
 
 def step_name(code) -> str:

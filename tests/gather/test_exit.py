@@ -5,7 +5,7 @@ it finalizes aborts after Python finished ("terminate called without an active e
 tests/support/gather_exit_worker.py runs 12 2-rank groups, 4 at a time, in forked processes that exit
 through normal finalization: fused calls, a None input and a dim 0 mismatch, and a last call after which
 each rank keeps the GIL until it exits. pyxfer hands gloo only tensors that never had a Python object
-(csrc/cpu/gloo_all_gather.cpp)."""
+(csrc/gather/gloo_bytes.cpp)."""
 import json
 import os
 import subprocess

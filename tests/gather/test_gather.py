@@ -40,6 +40,8 @@ def test_not_initialized_is_a_clear_error():
         pytest.skip("a process group is initialized in this process")
     with pytest.raises(RuntimeError, match="not initialized"):
         pyxfer.all_gather(torch.ones(2))
+    with pytest.raises(RuntimeError, match="pyxfer.check_gathers: torch.distributed is not initialized"):
+        pyxfer.check_gathers()
 
 
 def test_world_size_one_is_a_no_op_that_keeps_the_type(world_of_one, gen):
@@ -65,6 +67,9 @@ def test_argument_errors_are_raised_before_any_collective(world_of_one):
         pyxfer.all_gather(torch.ones(2, 2), quantize_as="mxfp8")
     with pytest.raises(TypeError, match="verify"):
         pyxfer.all_gather(torch.ones(2, 2), verify=1)
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match=f"pyxfer.all_gather: strict must be a bool, got {type(bad).__name__}"):
+            pyxfer.all_gather(torch.ones(2, 2), strict=bad)
     with pytest.raises(ValueError, match="0-dim"):
         pyxfer.all_gather(torch.ones(()))
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):

@@ -163,9 +163,9 @@ def test_statuses_name_the_failing_ranks_and_steps():
                                "the group's NVFP4 global amax; see the error raised there), so rank 0 received "
                                "no usable data; nothing was gathered")
     with pytest.raises(RuntimeError, match=r"\(rank 0 while building the send and receive buffers; rank 3 while "
-                                           r"allocating the status buffers;"):
-        rec.check_statuses([rec.STEP_BUILD, 0, 0, rec.STEP_ALLOCATE], rank=1)
-    assert rec.step_name(rec.STEP_HASH) == "hashing the sent buffers" and rec.step_name(99) == "step 99"
+                                           r"quantizing with the group's NVFP4 global amax;"):
+        rec.check_statuses([rec.STEP_BUILD, 0, 0, rec.STEP_NVFP4_QUANTIZE], rank=1)
+    assert rec.step_name(rec.STEP_BUILD) == "building the send and receive buffers" and rec.step_name(99) == "step 99"
 
 
 def test_describe_reads_every_kind_of_slot():

@@ -111,6 +111,10 @@ def _native_op_calls(bad, x, u8, f32):
         ("dequantize_mxfp8", "data", lambda: torch.ops.pyxfer.dequantize_mxfp8(bad, u8, False, E4M3, torch.float32)),
         ("dequantize_nvfp4", "amax", lambda: torch.ops.pyxfer.dequantize_nvfp4(u8, u8, bad, False, torch.float32)),
         ("dequantize_nvfp4", "data", lambda: torch.ops.pyxfer.dequantize_nvfp4(bad, u8, one, False, torch.float32)),
+        # the gather engine's native calls (refused before any plan, latch or group is looked up)
+        ("gather_post", "meta", lambda: torch.ops.pyxfer.gather_post("0", 0, [f32], bad, [], 0, 1, 0, 0)),
+        ("gather_run", "meta", lambda: torch.ops.pyxfer.gather_run("0", 0, [f32], bad, [], 0, 1, 0, 0)),
+        ("gather_finish", "meta_recv", lambda: torch.ops.pyxfer.gather_finish(0, [f32], [], bad, 1, 0)),
     ]
 
 

@@ -185,7 +185,87 @@ def _peer_exchange(device, gen):
             for rounds in (1, 5)]
 
 
+_GATHER_GROUPS = {}
+
+
+def _gather_group(device):
+    """The name of a 1-rank process group of ``device``'s backend, registered in torch's group registry
+    (the gather ops find groups there) without initializing torch.distributed in this process."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    if kind not in _GATHER_GROUPS:
+        import tempfile
+
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+        store = dist.FileStore(tempfile.mkstemp()[1], 1)
+        pg = c10d.ProcessGroup(store, 0, 1)
+        if kind == "cuda":
+            backend, kind_code = dist.ProcessGroupNCCL(store, 0, 1), c10d.ProcessGroup.BackendType.NCCL
+            pg._register_backend(torch.device("cuda"), kind_code, backend)
+        else:
+            backend, kind_code = dist.ProcessGroupGloo(store, 0, 1), c10d.ProcessGroup.BackendType.GLOO
+            pg._register_backend(torch.device("cpu"), kind_code, backend)
+        pg._set_default_backend(kind_code)
+        name = f"pyxfer-opcheck-{kind}"
+        c10d._register_process_group(name, pg)
+        _GATHER_GROUPS[kind] = (name, pg)
+    return _GATHER_GROUPS[kind][0]
+
+
+def _gather_plans(device, gen):
+    """(group name, plan, inputs, amax, latch address) of a 1-rank gather: plain (odd shape, non-contiguous,
+    a dtype sent as bytes), MXFP8 with trimmed scales, NVFP4 with its amax and a swap fix-up."""
+    from pyxfer import formats
+    from pyxfer.gather import engine
+    from pyxfer.gather import record as rec
+    from pyxfer.gather.plan import Local
+    group, out = _gather_group(device), []
+    latch = torch.ops.pyxfer.gather_latch_new(torch.device(device)).data_ptr()
+    xs = [_values((7, 3), torch.float32, gen, device).t(), _values((5,), torch.float32, gen, device).to(torch.bool),
+          formats.quantize(_values((64, 96), torch.bfloat16, gen, device), "mxfp8", columnwise=True),
+          formats.quantize(_values((32, 64), torch.float32, gen, device), "nvfp4", rowwise=True, columnwise=True)]
+    for x in xs:
+        local = Local(x, None, False, 1, exchange=True)
+        meta = local.record()
+        plan = engine.Plan(local, rec.signature(meta), meta, 1, 0)
+        _gather_plans.keep.append(plan)  # the op's fakes find plans by id while they live
+        inputs, amax = plan.inputs_of(local)
+        out.append((group, plan, inputs, amax, latch))
+    return out
+
+
+_gather_plans.keep = []
+
+
+def _gather_run(device, gen):
+    from pyxfer.gather import engine
+    return [(group, plan.id, inputs, plan.meta(torch.device(device)), amax, latch, seq, 0, engine.MODE_VERDICT)
+            for seq, (group, plan, inputs, amax, latch) in enumerate(_gather_plans(device, gen), 1)]
+
+
+def _gather_post(device, gen):
+    """The plans whose posted outputs hold no uninitialized bytes (a fix-up's result and an NVFP4 amax are
+    only written by gather_finish, which gather_run and the gather_finish samples cover): opcheck compares
+    two runs' outputs."""
+    from pyxfer.gather import engine
+    return [args for args in _gather_run(device, gen)
+            if not (engine.plan_by_id(args[1]).num_temps or engine.plan_by_id(args[1]).nvfp4)]
+
+
+def _gather_finish(device, gen):
+    from pyxfer.gather import engine
+    samples = []
+    for args in _gather_run(device, gen):
+        posted = torch.ops.pyxfer.gather_post(*args)
+        n = engine.plan_by_id(args[1]).num_results
+        samples.append((args[1], posted[:n], posted[n:-1], posted[-1], args[6], engine.MODE_VERDICT))
+    return samples
+
+
 SAMPLES = {
+    "gather_post": _gather_post,
+    "gather_run": _gather_run,
+    "gather_finish": _gather_finish,
     "checksum": _checksum,
     "checksum_partial": _checksum_partial,
     "checksum_combine": _checksum_combine,

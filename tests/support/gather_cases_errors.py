@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import pyxfer.gather
-import pyxfer.gather.layouts
+import pyxfer.gather.engine
 import pyxfer.gather.plan
 from pyxfer import formats
 from pyxfer.gather import GatherVerificationError, QuantizedGatherFallbackWarning, all_gather
@@ -175,19 +175,19 @@ def _fail_once(real):
 
 # step: (module, function that fails, what the step is called, input maker, gather kwargs)
 _STEPS = {
-    "build": (pyxfer.gather.layouts, "plain_part", "building the send and receive buffers", "plain", {}),
+    "build": (pyxfer.gather.engine, "post", "building the send and receive buffers", "plain", {}),
     "nvfp4-quantize": (pyxfer.gather.plan, "quantize_with_group_amax", "quantizing with the group's NVFP4 global amax",
                        "bf16", {"quantize_as": formats.QuantizeSpec("nvfp4", columnwise=True)}),
-    "hash": (pyxfer.gather, "hash_all", "hashing the sent buffers", "bf16",
-             {"quantize_as": formats.QuantizeSpec("nvfp4"), "verify": True}),
-    "allocate": (pyxfer.gather, "status_part", "allocating the status buffers", "bf16",
-                 {"quantize_as": formats.QuantizeSpec("mxfp8", rowwise=True, columnwise=True), "verify": True}),
+    "build-verify": (pyxfer.gather.engine, "post", "building the send and receive buffers", "bf16",
+                     {"quantize_as": formats.QuantizeSpec("nvfp4"), "verify": True}),
+    "build-quantized": (pyxfer.gather.engine, "post", "building the send and receive buffers", "bf16",
+                        {"quantize_as": formats.QuantizeSpec("mxfp8", rowwise=True, columnwise=True), "verify": True}),
 }
 
 
 def failure_after_agreement_cases():
-    """A rank that fails after the records agreed (building its buffers, the NVFP4 quantize with the
-    group's amax, hashing, allocating) posts the agreed collective with scratch buffers: it raises its
+    """A rank that fails after the records agreed (building its buffers, e.g. out of memory, the NVFP4
+    quantize with the group's amax) posts the agreed collective with scratch buffers: it raises its
     own error (noting the step), every other rank a RuntimeError naming it and the step, nobody hangs
     (a rank waiting for a collective never posted would hit the group's timeout instead), and the
     group stays in step and usable (the same call succeeds next)."""

@@ -3,8 +3,10 @@ pyxfer already imported), ``--parallel`` groups at a time, each process leaving 
 interpreter's normal exit, and prints one JSON object: how the processes ended.
 
 Each rank of a run keeps a reference to its group until exit (as programs do with the groups they
-make), makes 4 agreeing calls (the group goes fused), one where rank 1 passes None and one where it
-passes another dim 0 (every rank raises the documented error), one agreeing call, and a last one, which
+make), makes 4 agreeing calls (the group goes fused: native calls), one where rank 1 passes None (a fused
+call: rank 1 raises its TypeError at once, rank 0 gets a result marked invalid and raises the ValueError in
+check_gathers) and one where it passes another dim 0 (a waiting call again: both raise in the call), one
+agreeing call, and a last one, which
 rank 0 makes with ``async_op=True`` and drops unwaited, calls destroy_process_group() and exits, holding
 the GIL in its last exit step (the first atexit handler, registered before torch is imported: a C call
 that keeps the GIL, as C extensions may, with forced thread switches off) while rank 1 posts its part
@@ -64,6 +66,7 @@ def run_rank(rank, init, seed):
     for other, text, own in ((None, "rejected its input", TypeError), (torch.zeros(6, 3), "dim 0", ValueError)):
         try:
             agreeing(4) if rank == 0 else pyxfer.all_gather(other)
+            pyxfer.check_gathers()  # (rank 0's fused call returned a result marked invalid: its error comes here)
         except (TypeError, ValueError) as e:
             assert type(e) is (ValueError if rank == 0 else own) and (rank == 1 or text in str(e)), repr(e)
         else:

@@ -48,6 +48,7 @@ class Ctx:
     def __init__(self, rank, world, device, seed, group=None):
         self.rank, self.world, self.device, self.seed, self.group = rank, world, device, seed, group
         self.case_index = 0
+        self.fresh = None  # run before each case (run_cases): every case starts from waiting calls
 
     def gen(self):
         return torch.Generator().manual_seed(self.seed * 1000003 + self.case_index)
@@ -143,9 +144,27 @@ def nvfp4_opts(fmt, full):
 
 
 
+def group_of(ctx):
+    return ctx.group or dist.group.WORLD
+
+
 def state(ctx):
-    """The group's fused-mode state (pyxfer.gather internals)."""
-    return pyxfer.gather._agreed(ctx.group or dist.group.WORLD)
+    """The group's engine state on this rank (pyxfer.gather internals): ``period`` (None: waiting calls),
+    ``predicted()``, ``history``."""
+    return pyxfer.gather.engine.state_of(group_of(ctx), ctx.rank, ctx.world)
+
+
+def fused(ctx) -> bool:
+    """Whether the group's next call runs fused if its signature is the predicted one."""
+    predicted = state(ctx).predicted()
+    return predicted is not None and predicted.fusable
+
+
+def fresh(ctx):
+    """Every rank at the same point: raise what is pending (check_gathers), then forget the group's
+    schedule, so that the next call is a waiting call whatever the calls before did."""
+    pyxfer.check_gathers(ctx.group)
+    state(ctx).reset()
 
 
 def in_step(ctx):
@@ -156,18 +175,19 @@ def in_step(ctx):
 
 @contextlib.contextmanager
 def scratch_posts():
-    """Counts this rank's posts of scratch buffers (fused mode, a call with another signature)."""
-    seen, original = [], pyxfer.gather.scratch_parts
+    """Counts this rank's posts of scratch buffers (a call that left the group's schedule, or failed
+    before or after agreeing): one entry per post, the number of parts of the plan it mirrors."""
+    seen, original = [], pyxfer.gather.engine.post
 
-    def counting(layout, *args):
-        seen.append(len(layout))
-        return original(layout, *args)
-    pyxfer.gather.scratch_parts = counting
+    def counting(group, plan, inputs, meta, amax, latch, seq, wait_seq, mode):
+        if mode & pyxfer.gather.engine.MODE_SCRATCH:
+            seen.append(len(pyxfer.gather.engine.plan_by_id(plan).layout))
+        return original(group, plan, inputs, meta, amax, latch, seq, wait_seq, mode)
+    pyxfer.gather.engine.post = counting
     try:
         yield seen
     finally:
-        pyxfer.gather.scratch_parts = original
-
+        pyxfer.gather.engine.post = original
 
 
 def reachable(root, limit=200_000) -> list:
@@ -294,6 +314,8 @@ def run_cases(ctx, todo, out, wanted_file, limit=None):
             if wanted is not None and name not in wanted:
                 continue
             try:
+                if ctx.fresh is not None:
+                    ctx.fresh(ctx)
                 fn(ctx)
                 record = {"case": name, "ok": True, "error": None}
             except Exception:

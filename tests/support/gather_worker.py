@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for support.*
-from support.gather_harness import Ctx, cases, run_cases  # noqa: E402
+from support.gather_harness import Ctx, cases, fresh, run_cases  # noqa: E402
 
 # ---- main -------------------------------------------------------------------------------------
 
@@ -39,6 +39,7 @@ def main():
     dist.init_process_group(a.backend, init_method=a.init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=60))
     ctx = Ctx(a.rank, a.world, device, a.seed)
+    ctx.fresh = fresh
     ctx.singletons = [dist.new_group([r]) for r in range(a.world)]
     ctx.pair = dist.new_group([0, 1]) if a.world > 2 else None
     run_cases(ctx, cases(a.world), a.out, a.cases, limit=6)
