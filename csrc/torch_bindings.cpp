@@ -149,6 +149,10 @@ TORCH_LIBRARY(pyxfer, m) {
   // marked invalid (NaN scales / data where the dtype has a NaN), NVFP4 result amax and the
   // renormalisation of shards quantized with different amax.
   m.def("gather_finish(int plan, Tensor(a!)[] results, Tensor[] temps, Tensor meta_recv, int seq, int flags) -> ()");
+  // Makes the caller's current stream wait for the collective of posted async call `seq` (whose records
+  // `meta_recv` receives): reads of the received buffers before gather_finish (PXH64 checks, injected
+  // faults) then follow the data. CPU: nothing to wait for (gloo collectives complete inside the post).
+  m.def("gather_join(Tensor meta_recv, int seq) -> ()");
   // gather_post then gather_finish (synchronous calls): the results, then the gathered records.
   m.def("gather_run(str group, int plan, Tensor[] inputs, Tensor meta, "
         "Tensor[] amax, int latch, int seq, int wait_seq, int flags) -> Tensor[]");

@@ -118,6 +118,11 @@ def _gather_finish_fake(plan, results, temps, meta_recv, seq, flags):
     return None
 
 
+@torch.library.register_fake("pyxfer::gather_join")
+def _gather_join_fake(meta_recv, seq):
+    return None
+
+
 @torch.library.register_fake("pyxfer::gather_run")
 def _gather_run_fake(group, plan, inputs, meta, amax, latch, seq, wait_seq, flags):
     p = _gather_plan(plan)

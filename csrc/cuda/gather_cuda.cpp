@@ -171,7 +171,10 @@ Posted post_cuda(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const GatherP
                                                                        launch_started).count());
   const RecordsView view = view_of(plan, posted.meta_recv);
   if (!async) {
-    work.reset();  // the collective is queued on `current` (asyncOp=false): nothing to wait for
+    // asyncOp=false queues the collective on `current`; waiting for the Work (as torch.distributed's own
+    // synchronous calls do) orders `current` after it even where a backend ran it on a stream of its own.
+    if (work) work->wait();
+    work.reset();
     if (mode & kModeVerdict) {
       C10_CUDA_CHECK(launch_gather_verdict(view, latch_device_pointer(latch), seq, capturing, current.stream()));
     }
@@ -201,12 +204,17 @@ void swap_cuda(const at::Tensor& src, at::Tensor& dst, int64_t a_count, int64_t 
                                         c10::cuda::getCurrentCUDAStream(src.device().index()).stream()));
 }
 
+void join_cuda(c10::Device device, int64_t seq) {
+  const c10::cuda::CUDAGuard guard(device);
+  wait(c10::cuda::getCurrentCUDAStream(device.index()), ring_event(device.index(), seq));
+}
+
 void finish_cuda(const GatherPlan& plan, const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& temps,
                  const at::Tensor& meta_recv, int64_t seq, int64_t mode) {
   const at::Device device = meta_recv.device();
   const c10::cuda::CUDAGuard guard(device);
   const CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-  if (mode & kModeAsync) wait(current, ring_event(device.index(), seq));
+  if (mode & kModeAsync) join_cuda(device, seq);
   fix_up(plan, results, temps, &swap_cuda);
   const bool check = (mode & kModeVerdict) != 0;
   FinishArgs args{};
@@ -242,7 +250,7 @@ void finish_cuda(const GatherPlan& plan, const std::vector<at::Tensor>& results,
                                                  current.stream()));
 }
 
-const bool registered = register_cuda_backend({&post_cuda, &finish_cuda, &new_latch_cuda});
+const bool registered = register_cuda_backend({&post_cuda, &finish_cuda, &new_latch_cuda, &join_cuda});
 
 }  // namespace
 }  // namespace gather

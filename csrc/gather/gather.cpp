@@ -52,7 +52,7 @@ std::map<int64_t, std::shared_ptr<const GatherPlan>>& registry() {
 }
 
 Backend& cuda_backend() {
-  static Backend backend{nullptr, nullptr, nullptr};
+  static Backend backend{nullptr, nullptr, nullptr, nullptr};
   return backend;
 }
 
@@ -328,7 +328,7 @@ const Backend& backend_for(const at::Tensor& t) {
     return cuda_backend();
   }
   TORCH_CHECK(t.is_cpu(), kOp, ": gathered tensors must be on the CPU or a CUDA device, got ", t.device());
-  static const Backend cpu{&post_cpu, &finish_cpu, nullptr};
+  static const Backend cpu{&post_cpu, &finish_cpu, nullptr, nullptr};
   return cpu;
 }
 
@@ -407,6 +407,15 @@ void gather_finish_impl(int64_t plan_id, at::TensorList results, at::TensorList 
               num_results(*plan), " results and ", num_swaps(*plan), " temporaries, got ", results.size(), " and ",
               temps.size());
   backend_for(meta_recv).finish(*plan, results.vec(), temps.vec(), meta_recv, seq, mode);
+}
+
+void gather_join_impl(const at::Tensor& meta_recv, int64_t seq) {
+  TORCH_CHECK(meta_recv.scalar_type() == at::kLong && meta_recv.dim() == 1, kOp,
+              ": meta_recv must be the 1-D int64 records of a posted call, got ", meta_recv.scalar_type(), " ",
+              meta_recv.sizes());
+  TORCH_CHECK(seq > 0, kOp, ": seq must be a posted call's number (> 0), got ", seq);
+  const Backend& backend = backend_for(meta_recv);
+  if (backend.join != nullptr) backend.join(meta_recv.device(), seq);
 }
 
 std::vector<at::Tensor> gather_run_impl(c10::string_view group, int64_t plan_id,
@@ -568,6 +577,7 @@ std::vector<int64_t> gather_stats_impl(bool reset) {
 TORCH_LIBRARY_IMPL(pyxfer, CompositeExplicitAutograd, m) {
   m.impl("gather_post", &gather_post_impl);
   m.impl("gather_finish", &gather_finish_impl);
+  m.impl("gather_join", &gather_join_impl);
   m.impl("gather_run", &gather_run_impl);
 }
 

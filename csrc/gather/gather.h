@@ -135,6 +135,8 @@ struct Backend {
   // A new latch for `device` (kLatchWords int64 of host memory the device writes), never freed: a
   // captured graph may replay into it at any time.
   int64_t* (*new_latch)(c10::Device device);
+  // Makes the current stream wait for async call `seq`'s collective (nullptr: collectives complete in post).
+  void (*join)(c10::Device device, int64_t seq);
 };
 bool register_cuda_backend(const Backend& backend);
 

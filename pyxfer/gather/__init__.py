@@ -307,10 +307,11 @@ def _fused(state, plan, x, local, async_op, verify, strict):
     latch, _ = state.latch(device)
     mode = MODE_VERDICT | (MODE_HASHES if verify else 0)
     split = async_op or verify or faults
+    cuda_async = MODE_ASYNC if async_op and device.type == "cuda" else 0
     try:
         if split:
             outs = engine.post(state.group_name, plan.id, inputs, plan.meta(device), amax, latch, seq, wait_seq,
-                                    mode | (MODE_ASYNC if async_op and device.type == "cuda" else 0))
+                               mode | cuda_async)
         else:
             outs = engine.run(state.group_name, plan.id, inputs, plan.meta(device), amax, latch, seq, wait_seq, mode)
     except Exception as e:  # every step that can fail precedes the launch: nothing was posted
@@ -341,12 +342,13 @@ def _fused(state, plan, x, local, async_op, verify, strict):
     rank, world = state.rank, state.world
 
     def finish():
+        if cuda_async:  # the reads of the received bytes below (faults, hashes) follow the data
+            engine.join(meta_recv, seq)
         received = engine.received(plan, results, temps)
         if faults:
             testing._corrupt_gathered(rank, world, [(r.name, r.region, r.nbytes) for r in received])
         check_hashes = queue_checks(received, rank, world) if verify else None
-        engine.finish(plan.id, results, temps, meta_recv, seq,
-                      mode | (MODE_ASYNC if async_op and device.type == "cuda" else 0))
+        engine.finish(plan.id, results, temps, meta_recv, seq, mode | cuda_async)
         _settle_call(state, seq, block=strict or verify)
         if verify:
             metas = GatheredRecords(meta_recv, world).read()
@@ -434,6 +436,8 @@ def _waiting(state, local, records, signature, rank, world, device, async_op, ve
 
     def finish():
         # Everything the result needs is queued before the host reads the records (statuses, hashes).
+        if cuda_async:  # the reads of the received bytes below (faults, hashes) follow the data
+            engine.join(meta_recv, seq)
         received = engine.received(plan, results, temps)
         if testing._gather_faults:
             testing._corrupt_gathered(rank, world, [(r.name, r.region, r.nbytes) for r in received])

@@ -87,6 +87,7 @@ _ops = torch.ops.pyxfer
 post = _ops.gather_post.default
 run = _ops.gather_run.default
 finish = _ops.gather_finish.default
+join = _ops.gather_join.default
 
 
 def find_period(history):

@@ -93,7 +93,7 @@ def test_sparse_and_nested_inputs_to_quantize_name_x():
 
 def _native_op_calls(bad, x, u8, f32):
     """(op name, bad argument's name, call) per op with tensor arguments, ``bad`` in one position."""
-    one = torch.ones(1)
+    one, i64 = torch.ones(1), torch.zeros(64, dtype=torch.int64)
     return [
         ("checksum", "t", lambda: torch.ops.pyxfer.checksum(bad, 0)),
         ("checksum_partial", "t", lambda: torch.ops.pyxfer.checksum_partial(bad, 0, 0)),
@@ -103,6 +103,7 @@ def _native_op_calls(bad, x, u8, f32):
         ("swap_first_dims", "src", lambda: torch.ops.pyxfer.swap_first_dims(bad)),
         ("sm_copy", "dst", lambda: torch.ops.pyxfer.sm_copy(u8, bad, True)),  # a mutated argument
         ("pointer_chase", "ring", lambda: torch.ops.pyxfer.pointer_chase(bad, 1)),
+        ("peer_exchange", "a", lambda: torch.ops.pyxfer.peer_exchange(bad, i64, 1, 0, 1.0)),
         ("quantize_fp8_block", "x", lambda: torch.ops.pyxfer.quantize_fp8_block(bad, 1, True, False, E4M3, True, 0.0)),
         ("quantize_mxfp8", "x", lambda: torch.ops.pyxfer.quantize_mxfp8(bad, True, False, E4M3)),
         ("quantize_nvfp4", "global_amax", lambda: torch.ops.pyxfer.quantize_nvfp4(x, bad, True, False)),
@@ -115,6 +116,7 @@ def _native_op_calls(bad, x, u8, f32):
         ("gather_post", "meta", lambda: torch.ops.pyxfer.gather_post("0", 0, [f32], bad, [], 0, 1, 0, 0)),
         ("gather_run", "meta", lambda: torch.ops.pyxfer.gather_run("0", 0, [f32], bad, [], 0, 1, 0, 0)),
         ("gather_finish", "meta_recv", lambda: torch.ops.pyxfer.gather_finish(0, [f32], [], bad, 1, 0)),
+        ("gather_join", "meta_recv", lambda: torch.ops.pyxfer.gather_join(bad, 1)),
     ]
 
 

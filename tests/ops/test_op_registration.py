@@ -212,6 +212,14 @@ def _gather_group(device):
     return _GATHER_GROUPS[kind][0]
 
 
+def _indexed(device):
+    """``device`` with its index (the engine's latches and records name a device by index, as its calls do)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _gather_plans(device, gen):
     """(group name, plan, inputs, amax, latch address) of a 1-rank gather: plain (odd shape, non-contiguous,
     a dtype sent as bytes), MXFP8 with trimmed scales, NVFP4 with its amax and a swap fix-up."""
@@ -220,7 +228,7 @@ def _gather_plans(device, gen):
     from pyxfer.gather import record as rec
     from pyxfer.gather.plan import Local
     group, out = _gather_group(device), []
-    latch = torch.ops.pyxfer.gather_latch_new(torch.device(device)).data_ptr()
+    latch = torch.ops.pyxfer.gather_latch_new(_indexed(device)).data_ptr()
     xs = [_values((7, 3), torch.float32, gen, device).t(), _values((5,), torch.float32, gen, device).to(torch.bool),
           formats.quantize(_values((64, 96), torch.bfloat16, gen, device), "mxfp8", columnwise=True),
           formats.quantize(_values((32, 64), torch.float32, gen, device), "nvfp4", rowwise=True, columnwise=True)]
@@ -239,7 +247,7 @@ _gather_plans.keep = []
 
 def _gather_run(device, gen):
     from pyxfer.gather import engine
-    return [(group, plan.id, inputs, plan.meta(torch.device(device)), amax, latch, seq, 0, engine.MODE_VERDICT)
+    return [(group, plan.id, inputs, plan.meta(_indexed(device)), amax, latch, seq, 0, engine.MODE_VERDICT)
             for seq, (group, plan, inputs, amax, latch) in enumerate(_gather_plans(device, gen), 1)]
 
 
@@ -250,6 +258,16 @@ def _gather_post(device, gen):
     from pyxfer.gather import engine
     return [args for args in _gather_run(device, gen)
             if not (engine.plan_by_id(args[1]).num_temps or engine.plan_by_id(args[1]).nvfp4)]
+
+
+def _gather_join(device, gen):
+    """The records of posted calls (CUDA: joins their ring slots' events; CPU: nothing to wait for)."""
+    from pyxfer.gather import engine
+    samples = []
+    for args in _gather_run(device, gen)[:2]:
+        posted = torch.ops.pyxfer.gather_post(*args[:-1], args[-1] | (engine.MODE_ASYNC if device != "cpu" else 0))
+        samples.append((posted[-1], args[6]))
+    return samples
 
 
 def _gather_finish(device, gen):
@@ -266,6 +284,7 @@ SAMPLES = {
     "gather_post": _gather_post,
     "gather_run": _gather_run,
     "gather_finish": _gather_finish,
+    "gather_join": _gather_join,
     "checksum": _checksum,
     "checksum_partial": _checksum_partial,
     "checksum_combine": _checksum_combine,
