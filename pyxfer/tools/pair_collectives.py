@@ -71,6 +71,8 @@ def _worker():
         torch.cuda.set_device(device)
     dist.init_process_group(task["backend"], init_method=task["init"], rank=rank, world_size=len(labels),
                             timeout=timedelta(seconds=2 * task["timeout"] + 30))  # the parent's watchdog first
+    out.write(json.dumps({"ready": rank}) + "\n")  # joined: from here the watchdog allows `timeout` per result
+    out.flush()
     fault = os.environ.get(TEST_FAULT_ENV, "")
     for a, b in task["pairs"]:
         group = dist.new_group([a, b])  # every rank makes every group, in the same order
@@ -150,9 +152,11 @@ def run_pair_collectives(labels, pairs, *, backend="nccl", devices=None, timeout
 
 def _collect(procs, results, first_wait, timeout):
     """Read the ranks' result lines into ``results`` ({(src, dst): fields}) until every rank has ended or
-    none has said anything for ``timeout`` seconds (``first_wait`` before the first line)."""
+    none has said anything for ``timeout`` seconds once every rank joined the group (``first_wait`` until
+    then: importing torch on a loaded machine takes long, a hung collective must not)."""
     bufs = {p.stdout.fileno(): b"" for p in procs}
     open_fds = set(bufs)
+    joined = set()
     deadline = time.monotonic() + first_wait
     while open_fds:
         ready, _, _ = select.select(list(open_fds), [], [], max(0.0, deadline - time.monotonic()))
@@ -167,5 +171,9 @@ def _collect(procs, results, first_wait, timeout):
             while b"\n" in bufs[fd]:
                 line, bufs[fd] = bufs[fd].split(b"\n", 1)
                 msg = json.loads(line)
-                results[(msg.pop("src"), msg.pop("dst"))] = msg
-                deadline = time.monotonic() + timeout
+                if "ready" in msg:
+                    joined.add(msg["ready"])
+                else:
+                    results[(msg.pop("src"), msg.pop("dst"))] = msg
+                if len(joined) == len(procs):
+                    deadline = time.monotonic() + timeout

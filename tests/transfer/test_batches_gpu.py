@@ -63,7 +63,7 @@ def test_mixed_batches_every_route_and_mode(dst, current, gen):
             for i, (o, t) in enumerate(zip(out, batch)):
                 assert o.device == torch.device(dst) and o.is_contiguous(), (i, route, verify)
                 assert same_bits(o, t), (i, route, verify)
-                if dst == "cpu" and t.is_cuda:
+                if dst == "cpu" and t.is_cuda and t.numel():  # (an empty tensor has no memory to pin)
                     assert o.is_pinned(), i  # pin_memory=True, as verified_copy
     pyxfer.check_transfers()
 
