@@ -88,7 +88,7 @@ from .files import last_line
 from .floors import MIN_BYTES as MIN_FLOOR_BYTES
 from .floors import PATHS as FLOOR_PATHS
 from .floors import floor_for, load_floors
-from .links import counter_rises, nvml_facts, read_counters
+from .links import COUNTERS, counter_rises, nvml_facts, read_counters
 from .machine import driver_version, gpus, peer_matrix
 from .pairs import parse_pairs
 
@@ -682,8 +682,12 @@ def _counters_check(before, after, rises):
         return FAIL, "rose during the probes: " + "; ".join(
             f"cuda:{i} " + ", ".join(f"{n} +{r}" for n, r in sorted(up.items())) for i, up in sorted(rises.items()))
     names = sorted({n for c in after["gpus"].values() for n in c})
-    return OK, (f"no rise on {len(after['gpus'])} GPUs ({', '.join(names)})" if names
-                else f"no GPU reports them ({len(after['gpus'])} GPUs)")
+    if not names:
+        return OK, f"no GPU reports them ({len(after['gpus'])} GPUs)"
+    # the counters no GPU reports are named: a reader must not take "no rise" for NVLink it was never told
+    unread = [n for n in COUNTERS if n not in names]
+    return OK, (f"no rise on {len(after['gpus'])} GPUs ({', '.join(names)})"
+                + (f"; not reported by any GPU here: {', '.join(unread)}" if unread else ""))
 
 
 def _fault_matches(fault, src, dst):

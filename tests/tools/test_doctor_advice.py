@@ -186,7 +186,12 @@ def test_a_counter_rise_is_reported_against_the_pairs_of_its_gpu_and_kind():
     assert out[("cuda:1", "cuda:2")]["link_errors"] == {} and out[("cpu", "cuda:1")]["advice"] == []
     status, detail = doctor._counters_check(before, after, rises)
     assert status == "FAIL" and detail == "rose during the probes: cuda:0 nvlink_replay +3, pcie_replay +2"
-    assert doctor._counters_check(before, before, {})[0] == "ok"
+    assert doctor._counters_check(before, before, {}) == (
+        "ok", "no rise on 2 GPUs (nvlink_replay, pcie_replay); not reported by any GPU here: nvlink_crc_flit, "
+              "nvlink_crc_data, nvlink_recovery")
+    pcie_only = {"available": True, "why": None, "gpus": {0: {"pcie_replay": 0}}}  # what 4 H200s reported (run S)
+    assert doctor._counters_check(pcie_only, pcie_only, {})[1].endswith(
+        "not reported by any GPU here: nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery")
     gone = {"available": False, "why": "NVML unavailable: x", "gpus": {}}
     assert doctor._counters_check(gone, gone, {}) == ("skip", "unavailable: NVML unavailable: x")
 
