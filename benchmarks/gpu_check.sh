@@ -1,17 +1,43 @@
 #!/usr/bin/env bash
-# On a GPU machine: build pyxfer from source, run every test (GPU ones included), the doctor and the
-# benchmarks, and print a short summary table last. Results (logs, JSON) go to $OUT (default ./gpu-check-out).
+# On a GPU machine: build pyxfer from source, run every test (GPU ones included), the doctor, the
+# benchmarks and nvbandwidth beside `pyxfer bench`, and print a short summary table last. Results (logs,
+# JSON) go to $PYXFER_CHECK_OUT, else $OUT, else ./gpu-check-out.
 #   bash benchmarks/gpu_check.sh            # everything
 #   PYXFER_CUDA_ARCHS=90 bash benchmarks/gpu_check.sh   # build for the named architectures only
-# Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks summary"), PYXFER_TESTS (pytest
-# arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"), PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/),
-# PYXFER_TEST_SHARDS (sets of pytest arguments separated by '|', run at once; tests/ has one folder per subject,
-# e.g. 'tests/transfer tests/guard|tests/gather|tests/formats tests/checksum|tests/integrations tests/tools'),
-# PYXFER_BENCH_PRESET, PYXFER_BENCH_ARGS (more `pyxfer bench` arguments), PYXFER_CXX (compiler).
+#   PYXFER_DETACH=1 PYXFER_CHECK_OUT=/tmp/gc bash benchmarks/gpu_check.sh   # in the background (outlives the shell)
+#   PYXFER_CHECK_OUT=/tmp/gc bash benchmarks/gpu_check.sh --collect 540  # wait <= 540 s for it; pack into $OUT
+# Environment: PYXFER_STEPS (default "build doctor tests bench benchmarks nvbandwidth summary"), PYXFER_TESTS
+# (pytest arguments, default "tests"), PYXFER_TEST_MARK (a pytest -m expression, e.g. "gpu or multigpu"),
+# PYXFER_TEST_TIMEOUT (s), PYXFER_BENCHMARKS (scripts in benchmarks/), PYXFER_TEST_SHARDS (sets of pytest
+# arguments separated by '|', run at once; a set that starts with @GPUS sees only those GPUs, e.g.
+# '@0,1 tests/gather -k own-gpu|@2,3 tests/gather -k swapped-gpus|tests/transfer'), PYXFER_BENCH_PRESET,
+# PYXFER_BENCH_ARGS (more `pyxfer bench` arguments), PYXFER_NVBANDWIDTH (the nvbandwidth binary; default
+# .tools/nvbandwidth), PYXFER_NVBANDWIDTH_GPUS / PYXFER_NVBANDWIDTH_MIB (default all visible / 512),
+# PYXFER_CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
+OUT_DIR=${PYXFER_CHECK_OUT:-${OUT:-$PWD/gpu-check-out}}
+if [ "${1:-}" = "--collect" ]; then
+  # wait for a detached check, show where it got, and pack its folder into $OUT (a device call's return folder)
+  limit=${2:-540}; start=$(date +%s)
+  while [ ! -e "$OUT_DIR/done" ] && [ $(( $(date +%s) - start )) -lt "$limit" ]; do sleep 5; done
+  [ -e "$OUT_DIR/done" ] && echo "finished" || echo "still running after ${limit} s"
+  tail -n 40 "$OUT_DIR/gpu_check.log" 2>/dev/null
+  if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUT_DIR" ]; then
+    tar czf "$OUT/gpu_check.tgz" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
+  fi
+  exit 0
+fi
+mkdir -p "$OUT_DIR"
+if [ -n "${PYXFER_DETACH:-}" ] && [ -z "${PYXFER_DETACHED:-}" ]; then
+  rm -f "$OUT_DIR/done"
+  PYXFER_DETACHED=1 setsid nohup bash "$0" > "$OUT_DIR/gpu_check.log" 2>&1 < /dev/null &
+  echo "detached (pid $!): log $OUT_DIR/gpu_check.log; collect: PYXFER_CHECK_OUT=$OUT_DIR bash $0 --collect"
+  exit 0
+fi
+OUT=$OUT_DIR
+# a detached check says it ended, however it ends (a failed build exits early)
+if [ -n "${PYXFER_DETACHED:-}" ]; then trap 'echo $? > "$OUT/done"' EXIT; fi
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 # keep NVLink multicast off wherever these run (shared hosts)
@@ -23,7 +49,7 @@ if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr
 if [ -n "${PYXFER_CXX:-}" ]; then export CXX=$PYXFER_CXX; elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 
 step() { echo; echo "=== $1"; }
-wants() { [[ " ${PYXFER_STEPS:-build doctor tests bench benchmarks summary} " == *" $1 "* ]]; }
+wants() { [[ " ${PYXFER_STEPS:-build doctor tests bench benchmarks nvbandwidth summary} " == *" $1 "* ]]; }
 status=0
 
 if wants build; then
@@ -63,9 +89,12 @@ if wants tests; then
     IFS='|' read -ra shards <<< "$PYXFER_TEST_SHARDS"
     pids=()
     for i in "${!shards[@]}"; do
+      args=${shards[$i]# }; gpus=""
+      if [[ $args == @* ]]; then gpus=${args%% *}; gpus=${gpus#@}; args=${args#* }; fi  # '@0,1 ...': those GPUs
       # shellcheck disable=SC2086
-      timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=8 \
-        ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} ${shards[$i]} --junitxml="$OUT/tests_$i.xml" > "$OUT/tests_$i.log" 2>&1 &
+      ( if [ -n "$gpus" ]; then export CUDA_VISIBLE_DEVICES=$gpus; fi
+        exec timeout "${PYXFER_TEST_TIMEOUT:-900}" $PY -m pytest -q -rs -p no:cacheprovider --durations=8 \
+          ${PYXFER_TEST_MARK:+-m "$PYXFER_TEST_MARK"} $args --junitxml="$OUT/tests_$i.xml" > "$OUT/tests_$i.log" 2>&1 ) &
       pids+=($!)
     done
     for i in "${!pids[@]}"; do
@@ -95,6 +124,20 @@ if wants benchmarks; then
   for b in ${PYXFER_BENCHMARKS-checksum transfer buffers formats gather}; do
     $PY "benchmarks/$b.py" --json "$OUT/bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1
   done
+fi
+
+if wants nvbandwidth; then
+  step "nvbandwidth beside pyxfer bench"
+  nvb=${PYXFER_NVBANDWIDTH:-.tools/nvbandwidth}
+  if [ -x "$nvb" ] || [ -x "$nvb/nvbandwidth" ]; then
+    # shellcheck disable=SC2086
+    $PY benchmarks/nvbandwidth_compare.py --nvbandwidth "$nvb" --mib "${PYXFER_NVBANDWIDTH_MIB:-512}" \
+      ${PYXFER_NVBANDWIDTH_GPUS:+--gpus "$PYXFER_NVBANDWIDTH_GPUS"} --json "$OUT/nvbandwidth_compare.json" \
+      2>&1 | tee "$OUT/nvbandwidth_compare.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "skipped: no nvbandwidth binary at $nvb (PYXFER_NVBANDWIDTH names it; ../shared/tools has an sm_90 build)"
+  fi
 fi
 
 if wants summary; then
